@@ -1,0 +1,8 @@
+package main
+
+import (
+	"context"
+	"errors"
+)
+
+func runDev(ctx context.Context, args []string) error { return errors.New("dev: not built yet") }
