@@ -174,6 +174,9 @@ type LateReport struct {
 	Detail     string     `json:"detail,omitempty"`
 	Proof      Proof      `json:"proof,omitempty"`
 	ReportedAt time.Time  `json:"reported_at"`
+	// EnvelopeHash identifies the envelope (see EnvelopeHash) so a repeat is
+	// recognized and changes nothing.
+	EnvelopeHash string `json:"envelope_hash,omitempty"`
 }
 
 // Result is the classified outcome.
@@ -185,6 +188,9 @@ type Result struct {
 	Detail     string       `json:"detail,omitempty"`
 	ReportedAt time.Time    `json:"reported_at"`
 	Late       []LateReport `json:"late"`
+	// EnvelopeHash identifies the applied agent envelope ("" for results the
+	// server established).
+	EnvelopeHash string `json:"envelope_hash,omitempty"`
 }
 
 // Force records an operator's force release.

@@ -3,6 +3,140 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+
+	"jobfence/server"
 )
 
-func runServer(ctx context.Context, args []string) error { return errors.New("server: not built yet") }
+// serverFlags binds every server flag to cfg; dev reuses it.
+type serverFlags struct {
+	etcdEndpoints string
+	logFormat     string
+	logLevel      string
+}
+
+func bindServerFlags(fs *flag.FlagSet, cfg *server.Config, sf *serverFlags) {
+	d := server.DefaultJobDefaults()
+	fs.StringVar(&cfg.Listen, "listen", server.DefaultListen, "HTTP listen address (host:port)")
+	fs.StringVar(&cfg.DataDir, "data-dir", server.DefaultDataDir, "directory of the embedded etcd member")
+	fs.StringVar(&cfg.TokensFile, "tokens-file", "", `bearer tokens, JSON [{"subject","role","token"}] (role viewer|submitter|operator|agent)`)
+	fs.StringVar(&sf.etcdEndpoints, "etcd-endpoints", "", "comma-separated URLs of an external etcd cluster (default: embedded etcd in --data-dir)")
+	fs.StringVar(&cfg.EtcdCA, "etcd-ca", "", "PEM CA bundle for TLS to the external etcd")
+	fs.StringVar(&cfg.EtcdCert, "etcd-cert", "", "PEM client certificate for the external etcd")
+	fs.StringVar(&cfg.EtcdKey, "etcd-key", "", "PEM client key for the external etcd")
+	fs.StringVar(&cfg.Prefix, "prefix", server.DefaultPrefix, "etcd key prefix")
+	fs.IntVar(&cfg.QuotaGlobal, "quota-global", server.DefaultQuotaGlobal, "most unresolved jobs in all")
+	fs.IntVar(&cfg.QuotaPerScope, "quota-per-scope", server.DefaultQuotaPerScope, "most unresolved jobs per scope")
+	fs.DurationVar(&cfg.ElectionTTL, "election-ttl", server.DefaultElectionTTL, "leader session TTL")
+	fs.StringVar(&cfg.ReplicaID, "replica-id", "", "this replica's name (default hostname-pid)")
+	fs.Int64Var(&cfg.Defaults.MaxMemoryBytes, "max-memory", d.MaxMemoryBytes, "largest limits.memory_bytes a job may ask for")
+	fs.Int64Var(&cfg.Defaults.MemoryBytes, "default-memory", d.MemoryBytes, "limits.memory_bytes when omitted")
+	fs.Int64Var(&cfg.Defaults.Pids, "default-pids", d.Pids, "limits.pids when omitted")
+	fs.Int64Var(&cfg.Defaults.DeadlineSeconds, "default-deadline", d.DeadlineSeconds, "limits.deadline_seconds when omitted")
+	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 0, "bound on draining in-flight requests (default 10s)")
+	fs.StringVar(&sf.logFormat, "log-format", "text", "text or json")
+	fs.StringVar(&sf.logLevel, "log-level", "info", "debug, info, warn or error")
+}
+
+// finish turns the parsed flag strings into cfg fields.
+func (sf *serverFlags) finish(cfg *server.Config, stderr io.Writer) error {
+	if sf.etcdEndpoints != "" {
+		for _, ep := range strings.Split(sf.etcdEndpoints, ",") {
+			cfg.EtcdEndpoints = append(cfg.EtcdEndpoints, strings.TrimSpace(ep))
+		}
+	}
+	lg, err := newLogger(stderr, sf.logFormat, sf.logLevel)
+	if err != nil {
+		return err
+	}
+	cfg.Logger = lg
+	return nil
+}
+
+func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("log-level %q: %w", level, err)
+	}
+	opts := &slog.HandlerOptions{Level: lvl}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("log-format %q: want text or json", format)
+}
+
+// envOverlay gives every flag not set on the command line the value of
+// JOBFENCE_<FLAG> (upper case, dashes as underscores), so the flag wins.
+func envOverlay(fs *flag.FlagSet) error {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		if set[f.Name] {
+			return
+		}
+		name := "JOBFENCE_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v, ok := os.LookupEnv(name); ok {
+			if err := fs.Set(f.Name, v); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", name, err))
+			}
+		}
+	})
+	return errors.Join(errs...)
+}
+
+func parseServerArgs(name string, args []string, cfg *server.Config, dc *server.DispatchConfig) error {
+	fs := flag.NewFlagSet("jobfence "+name, flag.ContinueOnError)
+	var sf serverFlags
+	bindServerFlags(fs, cfg, &sf)
+	server.RegisterDispatchFlags(fs, dc)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	if err := envOverlay(fs); err != nil {
+		return err
+	}
+	return sf.finish(cfg, os.Stderr)
+}
+
+func runServer(ctx context.Context, args []string) error {
+	var cfg server.Config
+	dc := server.DefaultDispatchConfig()
+	if err := parseServerArgs("server", args, &cfg, &dc); err != nil {
+		return err
+	}
+	s, err := newServer(cfg, dc)
+	if err != nil {
+		return err
+	}
+	return s.Run(ctx)
+}
+
+// newServer builds the replica; with a dispatch token it also dispatches
+// while elected. Without one it admits and inspects but never sends a job,
+// and says so.
+func newServer(cfg server.Config, dc server.DispatchConfig) (*server.Server, error) {
+	s, err := server.New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if dc.DispatchTokenFile == "" {
+		cfg.Logger.Warn("dispatch_disabled", "reason", "no --dispatch-token-file: jobs are admitted but never dispatched")
+		return s, nil
+	}
+	if err := s.EnableDispatch(dc); err != nil {
+		return nil, err
+	}
+	return s, nil
+}

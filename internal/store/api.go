@@ -27,8 +27,11 @@ type Config struct {
 	Defaults jobs.Defaults
 	// ReplicaID names this replica in status and history.
 	ReplicaID string
-	Now       func() time.Time
-	Logger    *slog.Logger
+	// AgentLiveFor is how long after its last heartbeat an agent is shown
+	// live (default 15s). Liveness is for display; it releases nothing.
+	AgentLiveFor time.Duration
+	Now          func() time.Time
+	Logger       *slog.Logger
 }
 
 // Leadership identifies the leader for leader-only writes: its election key

@@ -1,0 +1,70 @@
+package handlers
+
+import (
+	"net/http"
+
+	"github.com/go-chi/chi/v5"
+
+	"jobfence/internal/problem"
+)
+
+// Routes is every route jobfence serves; openapi.yaml describes exactly
+// these (routes_test.go walks the router against it both ways).
+func (a *API) Routes() chi.Router {
+	r := chi.NewRouter()
+	a.root = r
+	r.Use(requestID, a.observe, limitBody)
+	r.NotFound(a.Handle(func(http.ResponseWriter, *http.Request) error { return problem.ErrNotFound }))
+	r.MethodNotAllowed(a.Handle(a.methodNotAllowed))
+
+	r.Get("/healthz", a.Handle(a.healthz))
+	r.Get("/readyz", a.Handle(a.readyz))
+	r.Get("/openapi.yaml", a.Handle(a.openapi))
+	r.Method(http.MethodGet, "/metrics", a.metrics())
+
+	r.Route("/v1", func(r chi.Router) {
+		r.Post("/jobs", a.Handle(a.Require(RoleSubmitter, a.admitJob)))
+		r.Get("/jobs", a.Handle(a.Require(RoleViewer, a.listJobs)))
+		r.Get("/jobs/{id}", a.Handle(a.Require(RoleViewer, a.getJob)))
+		r.Post("/jobs/{id}/cancel", a.Handle(a.Require(RoleSubmitter, a.cancelJob)))
+		r.Post("/jobs/{id}/force-release", a.Handle(a.Require(RoleOperator, a.forceRelease)))
+		r.Post("/jobs/{id}/result", a.Handle(a.Require(RoleAgent, a.postResult)))
+
+		r.Get("/fences", a.Handle(a.Require(RoleViewer, a.listFences)))
+		r.Get("/agents", a.Handle(a.Require(RoleViewer, a.listAgents)))
+		r.Put("/agents/{id}", a.Handle(a.Require(RoleAgent, a.putAgent)))
+		r.Get("/slots", a.Handle(a.Require(RoleViewer, a.listSlots)))
+		r.Get("/status", a.Handle(a.Require(RoleViewer, a.status)))
+		if a.Events != nil {
+			r.Method(http.MethodGet, "/events", a.Events)
+		} else {
+			r.Get("/events", a.Handle(a.Require(RoleViewer, a.events)))
+		}
+
+		r.Put("/settings/admission", a.Handle(a.Require(RoleOperator, a.putAdmission)))
+		r.Put("/settings/dispatch", a.Handle(a.Require(RoleOperator, a.putDispatch)))
+	})
+
+	if a.Web != nil {
+		r.Handle("/", a.Web)
+		r.Handle("/*", a.Web)
+	}
+	return r
+}
+
+var methods = []string{
+	http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut,
+	http.MethodPatch, http.MethodDelete, http.MethodOptions,
+}
+
+// methodNotAllowed answers 405 with the methods the path does serve, found
+// by asking the router, because chi keeps its own list private.
+func (a *API) methodNotAllowed(w http.ResponseWriter, r *http.Request) error {
+	var allow []string
+	for _, m := range methods {
+		if a.root != nil && a.root.Match(chi.NewRouteContext(), m, r.URL.Path) {
+			allow = append(allow, m)
+		}
+	}
+	return &problem.MethodNotAllowedError{Allow: allow}
+}

@@ -1,0 +1,606 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"jobfence/jobs"
+)
+
+// errResync ends a watch so Run lists again.
+var errResync = errors.New("read model resync")
+
+// CorruptRecord is a job key whose value cannot be decoded, or an unresolved
+// record without a target. Admission fails closed while one exists.
+type CorruptRecord struct {
+	ID       string `json:"id"`
+	Reason   string `json:"reason"`
+	Revision int64  `json:"revision"`
+}
+
+// view is the read model's data at one revision.
+type view struct {
+	jobs         map[string]*jobs.Job
+	corrupt      map[string]CorruptRecord
+	fences       map[string]string // normalized target -> job id
+	quotaGlobal  map[int]string
+	quotaScope   map[string]map[int]string
+	slots        map[string]map[string]string // agent -> job id -> value
+	agents       map[string]*jobs.Agent
+	idem         map[string]idemRecord // idem hash -> record
+	settings     Settings
+	admissionRev int64 // ModRevision of the admission setting (0 = absent)
+}
+
+func newView() *view {
+	return &view{
+		jobs: map[string]*jobs.Job{}, corrupt: map[string]CorruptRecord{},
+		fences: map[string]string{}, quotaGlobal: map[int]string{}, quotaScope: map[string]map[int]string{},
+		slots: map[string]map[string]string{}, agents: map[string]*jobs.Agent{}, idem: map[string]idemRecord{},
+		settings: Settings{AdmissionOpen: true},
+	}
+}
+
+// decodeJob reads a record and fills what only etcd knows: the record's
+// revision, and the revision of the transaction that appended the latest
+// history entry (stored as 0, since it is known only after the commit; an
+// earlier entry was filled when its successor read the record). The dispatch
+// revision is markRunning's transaction revision, filled the same way.
+func decodeJob(id string, value []byte, modRev int64) (*jobs.Job, error) {
+	var j jobs.Job
+	if err := json.Unmarshal(value, &j); err != nil {
+		return nil, fmt.Errorf("undecodable record: %w", err)
+	}
+	if j.ID != id {
+		return nil, fmt.Errorf("record id %q under key %q", j.ID, id)
+	}
+	j.Revision = modRev
+	for i := range j.History {
+		if j.History[i].Revision == 0 {
+			j.History[i].Revision = modRev
+		}
+	}
+	if j.Dispatch != nil && j.Dispatch.DispatchRevision == 0 {
+		j.Dispatch.DispatchRevision = modRev
+	}
+	if j.Result != nil && j.Result.Late == nil {
+		j.Result.Late = []jobs.LateReport{}
+	}
+	if !j.Resolved && (j.Target.Scope == "" || j.Target.Name == "") {
+		return &j, errTargetless
+	}
+	return &j, nil
+}
+
+var errTargetless = errors.New("unresolved record without a target")
+
+func encodeJob(j *jobs.Job) ([]byte, error) {
+	c := *j
+	c.BlockedReason = ""
+	return json.Marshal(&c)
+}
+
+// apply folds one key/value (nil value = deleted) into v. It returns the
+// change to publish, and errResync for a value that cannot be decoded where
+// a list would have to decide what it means.
+func (s *Store) applyKV(v *view, key string, value []byte, modRev int64, deleted bool) (Change, error) {
+	p, err := s.k.parse(key)
+	if err != nil {
+		return Change{}, nil // a key of no family we know: not ours to interpret
+	}
+	ch := Change{Revision: modRev}
+	switch p.kind {
+	case kindJob:
+		ch.Kind, ch.ID = "job", p.id
+		delete(v.jobs, p.id)
+		delete(v.corrupt, p.id)
+		if deleted {
+			return ch, nil
+		}
+		j, err := decodeJob(p.id, value, modRev)
+		if err != nil {
+			v.corrupt[p.id] = CorruptRecord{ID: p.id, Reason: err.Error(), Revision: modRev}
+			return ch, nil
+		}
+		v.jobs[p.id] = j
+	case kindFence:
+		ch.Kind, ch.ID = "fence", p.target
+		if deleted {
+			delete(v.fences, p.target)
+		} else {
+			v.fences[p.target] = string(value)
+		}
+	case kindQuotaGlobal:
+		ch.Kind, ch.ID = "quota", "global"
+		if deleted {
+			delete(v.quotaGlobal, p.index)
+		} else {
+			v.quotaGlobal[p.index] = string(value)
+		}
+	case kindQuotaScope:
+		ch.Kind, ch.ID = "quota", p.scope
+		m := v.quotaScope[p.scope]
+		if deleted {
+			delete(m, p.index)
+			if len(m) == 0 {
+				delete(v.quotaScope, p.scope)
+			}
+		} else {
+			if m == nil {
+				m = map[int]string{}
+				v.quotaScope[p.scope] = m
+			}
+			m[p.index] = string(value)
+		}
+	case kindSlot:
+		ch.Kind, ch.ID = "slot", p.agent+"/"+p.id
+		m := v.slots[p.agent]
+		if deleted {
+			delete(m, p.id)
+			if len(m) == 0 {
+				delete(v.slots, p.agent)
+			}
+		} else {
+			if m == nil {
+				m = map[string]string{}
+				v.slots[p.agent] = m
+			}
+			m[p.id] = string(value)
+		}
+	case kindAgent:
+		ch.Kind, ch.ID = "agent", p.id
+		if deleted {
+			delete(v.agents, p.id)
+			return ch, nil
+		}
+		var a jobs.Agent
+		if err := json.Unmarshal(value, &a); err != nil {
+			return ch, fmt.Errorf("%w: agent %s: %v", errResync, p.id, err)
+		}
+		v.agents[p.id] = &a
+	case kindIdem:
+		if deleted {
+			delete(v.idem, p.id)
+			return Change{}, nil
+		}
+		var r idemRecord
+		if err := json.Unmarshal(value, &r); err != nil {
+			return Change{}, fmt.Errorf("%w: idempotency record: %v", errResync, err)
+		}
+		v.idem[p.id] = r
+		return Change{}, nil
+	case kindSettingAdmission:
+		ch.Kind, ch.ID = "settings", "admission"
+		v.settings.AdmissionOpen = true
+		v.admissionRev = 0
+		if !deleted {
+			var b struct{ Open bool }
+			if err := json.Unmarshal(value, &b); err != nil {
+				return ch, fmt.Errorf("%w: admission setting: %v", errResync, err)
+			}
+			v.settings.AdmissionOpen = b.Open
+			v.admissionRev = modRev
+		}
+	case kindSettingDispatch:
+		ch.Kind, ch.ID = "settings", "dispatch"
+		v.settings.DispatchPaused = false
+		if !deleted {
+			var b struct{ Paused bool }
+			if err := json.Unmarshal(value, &b); err != nil {
+				return ch, fmt.Errorf("%w: dispatch setting: %v", errResync, err)
+			}
+			v.settings.DispatchPaused = b.Paused
+		}
+	default:
+		return Change{}, nil
+	}
+	return ch, nil
+}
+
+// Run keeps the read model: list the prefix at revision R, watch from R+1,
+// and list again when the watch reports a compaction, fails, or carries a
+// value that cannot be applied. It returns nil when ctx ends.
+func (s *Store) Run(ctx context.Context) error {
+	// A watcher of its own: closing it at the end ends every stream it
+	// opened, including one a progress request may open between watches.
+	w := clientv3.NewWatcher(s.cli)
+	s.watcher.Store(&w)
+	defer func() {
+		s.watcher.Store(nil)
+		_ = w.Close()
+	}()
+	backoff := 50 * time.Millisecond
+	// A restarted Run resumes from its cursor; the watch tells it when that
+	// revision is compacted away and a list is due.
+	s.mu.RLock()
+	resume, rev := s.ready, s.rev
+	s.mu.RUnlock()
+	if resume {
+		err := s.watch(ctx, w, rev)
+		if ctx.Err() != nil {
+			return nil
+		}
+		s.relists.Add(1)
+		s.log.Info("read_model_resync", "revision", rev, "reason", err.Error())
+	}
+	for ctx.Err() == nil {
+		rev, err := s.relist(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			s.log.Warn("read_model_list_failed", "err", err.Error())
+			t := time.NewTimer(backoff)
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
+			t.Stop()
+			backoff = min(2*backoff, 2*time.Second)
+			continue
+		}
+		backoff = 50 * time.Millisecond
+		err = s.watch(ctx, w, rev)
+		if ctx.Err() != nil {
+			break
+		}
+		s.relists.Add(1)
+		s.log.Info("read_model_resync", "revision", rev, "reason", err.Error())
+	}
+	return nil
+}
+
+func (s *Store) relist(ctx context.Context) (int64, error) {
+	resp, err := s.cli.Get(ctx, s.k.root(), clientv3.WithPrefix())
+	if err != nil {
+		return 0, err
+	}
+	v := newView()
+	for _, kv := range resp.Kvs {
+		if _, err := s.applyKV(v, string(kv.Key), kv.Value, kv.ModRevision, false); err != nil {
+			// A broken agent or setting value is logged and skipped; a
+			// broken job is already recorded as corrupt.
+			s.log.Warn("read_model_skip_value", "key_kind", "non_job", "err", err.Error())
+		}
+	}
+	rev := resp.Header.Revision
+	s.mu.Lock()
+	s.v = v
+	s.setRevLocked(rev)
+	if rev > s.latest {
+		s.latest = rev
+	}
+	s.ready = true
+	s.mu.Unlock()
+	s.publish(Change{Kind: "resync", Revision: rev})
+	return rev, nil
+}
+
+func (s *Store) watch(ctx context.Context, w clientv3.Watcher, rev int64) error {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wch := w.Watch(wctx, s.k.root(), clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithProgressNotify())
+	for resp := range wch {
+		if resp.CompactRevision != 0 {
+			return fmt.Errorf("compacted at %d", resp.CompactRevision)
+		}
+		if err := resp.Err(); err != nil {
+			return err
+		}
+		if resp.Canceled {
+			return errors.New("watch canceled")
+		}
+		var changes []Change
+		var resync error
+		s.mu.Lock()
+		if resp.Header.Revision > s.latest {
+			s.latest = resp.Header.Revision
+		}
+		if resp.IsProgressNotify() {
+			s.setRevLocked(resp.Header.Revision)
+		}
+		for _, ev := range resp.Events {
+			ch, err := s.applyKV(s.v, string(ev.Kv.Key), ev.Kv.Value, ev.Kv.ModRevision, ev.Type == mvccpb.DELETE)
+			if err != nil {
+				resync = err
+				break
+			}
+			if ch.Kind != "" {
+				changes = append(changes, ch)
+			}
+			s.setRevLocked(ev.Kv.ModRevision)
+		}
+		s.mu.Unlock()
+		for _, ch := range changes {
+			s.publish(ch)
+		}
+		if resync != nil {
+			return resync
+		}
+	}
+	return errors.New("watch closed")
+}
+
+// setRevLocked moves the cursor forward and wakes WaitSynced callers.
+func (s *Store) setRevLocked(rev int64) {
+	if rev <= s.rev && s.ready {
+		return
+	}
+	s.rev = rev
+	close(s.advance)
+	s.advance = make(chan struct{})
+}
+
+// WaitSynced blocks until this replica's view reflects rev.
+func (s *Store) WaitSynced(ctx context.Context, rev int64) error {
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	asked := false
+	for {
+		s.mu.RLock()
+		done, ch := s.ready && s.rev >= rev, s.advance
+		s.mu.RUnlock()
+		if done {
+			return nil
+		}
+		if !asked && s.Ready() {
+			asked = true
+			s.requestProgress(ctx)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-ch:
+		case <-tick.C:
+			// Revisions written under other prefixes produce no event here;
+			// a progress notification moves the cursor past them.
+			s.requestProgress(ctx)
+		}
+	}
+}
+
+func (s *Store) requestProgress(ctx context.Context) {
+	if w := s.watcher.Load(); w != nil {
+		_ = (*w).RequestProgress(ctx)
+	}
+}
+
+// Ready reports whether the first list is done.
+func (s *Store) Ready() bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.ready
+}
+
+// Cursor is the revision the view reflects and how far etcd is ahead of it,
+// as far as this replica has heard.
+func (s *Store) Cursor() Cursor {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return Cursor{Revision: s.rev, Lag: max(0, s.latest-s.rev)}
+}
+
+// Relists counts re-lists after the first (compaction, watch failure).
+func (s *Store) Relists() uint64 { return s.relists.Load() }
+
+// Subscribe returns a channel of read-model changes and a cancel function.
+// A subscriber that falls behind loses changes and then receives one
+// Change{Kind: "resync"} telling it to re-read.
+func (s *Store) Subscribe() (<-chan Change, func()) {
+	sub := &subscriber{ch: make(chan Change, 256)}
+	s.subsMu.Lock()
+	s.subs[sub] = struct{}{}
+	s.subsMu.Unlock()
+	var once bool
+	return sub.ch, func() {
+		s.subsMu.Lock()
+		defer s.subsMu.Unlock()
+		if !once {
+			once = true
+			delete(s.subs, sub)
+			close(sub.ch)
+		}
+	}
+}
+
+type subscriber struct {
+	ch   chan Change
+	lost bool
+}
+
+func (s *Store) publish(ch Change) {
+	s.subsMu.Lock()
+	defer s.subsMu.Unlock()
+	for sub := range s.subs {
+		if sub.lost {
+			select {
+			case sub.ch <- Change{Kind: "resync", Revision: ch.Revision}:
+				sub.lost = false
+			default:
+				continue
+			}
+		}
+		select {
+		case sub.ch <- ch:
+		default:
+			sub.lost = true
+		}
+	}
+}
+
+// Get returns a job from the read model.
+func (s *Store) Get(_ context.Context, id string) (*jobs.Job, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	j, ok := s.v.jobs[id]
+	if !ok {
+		return nil, jobs.ErrNotFound
+	}
+	return j.Clone(), nil
+}
+
+// CorruptRecords lists the records that make admission fail closed.
+func (s *Store) CorruptRecords() []CorruptRecord {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make([]CorruptRecord, 0, len(s.v.corrupt))
+	for _, c := range s.v.corrupt {
+		out = append(out, c)
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].ID < out[b].ID })
+	return out
+}
+
+// Jobs returns the jobs filter accepts, in id (admission) order.
+func (s *Store) Jobs(filter func(*jobs.Job) bool) []*jobs.Job {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var out []*jobs.Job
+	for _, j := range s.v.jobs {
+		if filter == nil || filter(j) {
+			out = append(out, j.Clone())
+		}
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].ID < out[b].ID })
+	return out
+}
+
+// List answers GET /v1/jobs: newest first (UUIDv7 ids sort by time); the
+// page token is the last id of the previous page.
+func (s *Store) List(f ListFilter) ([]*jobs.Job, string, error) {
+	limit := f.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	if limit > 500 {
+		limit = 500
+	}
+	match := func(j *jobs.Job) bool {
+		if f.State != "" && j.State != f.State {
+			return false
+		}
+		if f.Scope != "" && j.Target.Scope != strings.ToLower(strings.TrimSpace(f.Scope)) {
+			return false
+		}
+		if f.Target != "" && j.Target.Key() != f.Target {
+			return false
+		}
+		if f.Resolved != nil && j.Resolved != *f.Resolved {
+			return false
+		}
+		if f.AgentID != "" && (j.Dispatch == nil || j.Dispatch.AgentID != f.AgentID) {
+			return false
+		}
+		return f.PageToken == "" || j.ID < f.PageToken
+	}
+	all := s.Jobs(match)
+	sort.Slice(all, func(a, b int) bool { return all[a].ID > all[b].ID })
+	next := ""
+	if len(all) > limit {
+		all = all[:limit]
+		next = all[limit-1].ID
+	}
+	return all, next, nil
+}
+
+// Fences lists held fences with their holders.
+func (s *Store) Fences() []Fence {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make([]Fence, 0, len(s.v.fences))
+	for t, id := range s.v.fences {
+		f := Fence{Target: t, Display: t, JobID: id}
+		if j, ok := s.v.jobs[id]; ok {
+			f.Display, f.State, f.RefreshState, f.Since = j.Target.Display, j.State, j.RefreshState, j.CreatedAt
+		}
+		out = append(out, f)
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].Target < out[b].Target })
+	return out
+}
+
+// Slots lists held agent slots and the proof each waits for.
+func (s *Store) Slots() []Slot {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var out []Slot
+	for agent, m := range s.v.slots {
+		for id := range m {
+			sl := Slot{AgentID: agent, JobID: id,
+				Awaiting: "a report with CHILD_REAPED or NEVER_LAUNCHED, a new agent epoch (AGENT_EPOCH_REPLACED), or a force release"}
+			if j, ok := s.v.jobs[id]; ok {
+				sl.State, sl.Since = j.State, j.UpdatedAt
+				for _, h := range j.History {
+					if h.Event == jobs.EventMarkRunning {
+						sl.Since = h.At
+					}
+				}
+				if j.State == jobs.Running {
+					sl.Awaiting = "the agent's result (CHILD_REAPED or NEVER_LAUNCHED), a refusal or tombstone, or a new agent epoch (AGENT_EPOCH_REPLACED)"
+				}
+			}
+			out = append(out, sl)
+		}
+	}
+	sort.Slice(out, func(a, b int) bool {
+		if out[a].AgentID != out[b].AgentID {
+			return out[a].AgentID < out[b].AgentID
+		}
+		return out[a].JobID < out[b].JobID
+	})
+	return out
+}
+
+// Agents lists agent records with their held slots and liveness. Liveness
+// is for display: it proves nothing about a slot.
+func (s *Store) Agents() []AgentView {
+	now := s.now()
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make([]AgentView, 0, len(s.v.agents))
+	for id, a := range s.v.agents {
+		out = append(out, AgentView{Agent: *a, SlotsHeld: len(s.v.slots[id]), Live: now.Sub(a.LastHeartbeat) < s.cfg.AgentLiveFor})
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].ID < out[b].ID })
+	return out
+}
+
+// Counts is the number of jobs per state (every state present).
+func (s *Store) Counts() map[jobs.State]int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make(map[jobs.State]int, len(jobs.States))
+	for _, st := range jobs.States {
+		out[st] = 0
+	}
+	for _, j := range s.v.jobs {
+		out[j.State]++
+	}
+	return out
+}
+
+// QuotaUse is the number of held quota units, globally and per scope.
+func (s *Store) QuotaUse() (int, map[string]int) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	per := make(map[string]int, len(s.v.quotaScope))
+	for sc, m := range s.v.quotaScope {
+		per[sc] = len(m)
+	}
+	return len(s.v.quotaGlobal), per
+}
+
+// Settings are the operator switches as the view knows them.
+func (s *Store) Settings() Settings {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.v.settings
+}

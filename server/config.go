@@ -1,0 +1,223 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"jobfence/internal/store"
+	"jobfence/jobs"
+)
+
+// Config is everything a jobfence server process needs. cmd/jobfence fills
+// it from flags and JOBFENCE_* variables; tests fill it directly. Zero fields
+// take the defaults ApplyDefaults sets.
+type Config struct {
+	// Listen is the HTTP address (default 127.0.0.1:8080). Ignored when
+	// Listener is set.
+	Listen string
+	// Listener, when set, is used instead of binding Listen (tests pass a
+	// 127.0.0.1:0 listener).
+	Listener net.Listener
+
+	// DataDir holds the embedded etcd member (default ./data). Unused with
+	// EtcdEndpoints.
+	DataDir string
+	// EtcdEndpoints selects an external cluster instead of the embedded member.
+	EtcdEndpoints []string
+	// EtcdCA, EtcdCert and EtcdKey are PEM files for TLS to the external
+	// cluster; the CA alone gives server-verified TLS, cert and key add a
+	// client certificate.
+	EtcdCA, EtcdCert, EtcdKey string
+	// Prefix namespaces every key (default /jobfence).
+	Prefix string
+
+	// TokensFile is the JSON array of {subject, role, token}; required.
+	TokensFile string
+
+	// QuotaGlobal and QuotaPerScope bound unresolved jobs (10000 / 1000).
+	QuotaGlobal   int
+	QuotaPerScope int
+	// Defaults fill omitted limits and bound memory (256 MiB default, 4 GiB
+	// maximum, 256 pids, 3600 s deadline).
+	Defaults jobs.Defaults
+
+	// ElectionTTL is the leader session's TTL (default 5s): leadership moves
+	// within it after a leader dies.
+	ElectionTTL time.Duration
+	// ReplicaID names this replica (default hostname-pid).
+	ReplicaID string
+
+	// HTTP server timeouts (defaults 5s, 30s, 30s, 120s). Event streams clear
+	// their write deadline and carry their own bound.
+	ReadHeaderTimeout, ReadTimeout, WriteTimeout, IdleTimeout time.Duration
+	// ShutdownTimeout bounds the drain of in-flight requests (default 10s).
+	ShutdownTimeout time.Duration
+
+	// OnLeader runs while this replica holds leadership; its context ends
+	// when leadership is lost or the server stops. The dispatcher plugs in
+	// here. nil: the replica campaigns and shows leadership but runs nothing.
+	OnLeader func(ctx context.Context, l store.Leadership) error
+	// NoDashboard leaves the operator pages out (only the JSON API and the
+	// operational endpoints are served).
+	NoDashboard bool
+
+	Logger *slog.Logger
+	Now    func() time.Time
+}
+
+// Defaults as documented on Config.
+const (
+	DefaultListen        = "127.0.0.1:8080"
+	DefaultDataDir       = "./data"
+	DefaultPrefix        = "/jobfence"
+	DefaultQuotaGlobal   = 10000
+	DefaultQuotaPerScope = 1000
+	DefaultElectionTTL   = 5 * time.Second
+)
+
+// DefaultJobDefaults are the limits an omitted submission field takes.
+func DefaultJobDefaults() jobs.Defaults {
+	return jobs.Defaults{
+		MemoryBytes:     256 << 20,
+		MaxMemoryBytes:  4 << 30,
+		Pids:            256,
+		DeadlineSeconds: 3600,
+	}
+}
+
+// ApplyDefaults fills zero fields.
+func (c *Config) ApplyDefaults() {
+	if c.Listen == "" {
+		c.Listen = DefaultListen
+	}
+	if c.DataDir == "" {
+		c.DataDir = DefaultDataDir
+	}
+	if c.Prefix == "" {
+		c.Prefix = DefaultPrefix
+	}
+	if c.QuotaGlobal == 0 {
+		c.QuotaGlobal = DefaultQuotaGlobal
+	}
+	if c.QuotaPerScope == 0 {
+		c.QuotaPerScope = DefaultQuotaPerScope
+	}
+	d := DefaultJobDefaults()
+	if c.Defaults.MemoryBytes == 0 {
+		c.Defaults.MemoryBytes = d.MemoryBytes
+	}
+	if c.Defaults.MaxMemoryBytes == 0 {
+		c.Defaults.MaxMemoryBytes = d.MaxMemoryBytes
+	}
+	if c.Defaults.Pids == 0 {
+		c.Defaults.Pids = d.Pids
+	}
+	if c.Defaults.DeadlineSeconds == 0 {
+		c.Defaults.DeadlineSeconds = d.DeadlineSeconds
+	}
+	if c.ElectionTTL == 0 {
+		c.ElectionTTL = DefaultElectionTTL
+	}
+	if c.ReplicaID == "" {
+		host, _ := os.Hostname()
+		if host == "" {
+			host = "replica"
+		}
+		c.ReplicaID = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	if c.ReadHeaderTimeout == 0 {
+		c.ReadHeaderTimeout = 5 * time.Second
+	}
+	if c.ReadTimeout == 0 {
+		c.ReadTimeout = 30 * time.Second
+	}
+	if c.WriteTimeout == 0 {
+		c.WriteTimeout = 30 * time.Second
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = 120 * time.Second
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = 10 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+}
+
+// Validate reports every problem at once. Call it after ApplyDefaults.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if c.TokensFile == "" {
+		bad("tokens-file is required")
+	}
+	if c.Listener == nil {
+		if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+			bad("listen %q is not host:port", c.Listen)
+		}
+	}
+	if len(c.EtcdEndpoints) == 0 && c.DataDir == "" {
+		bad("data-dir is required without etcd-endpoints")
+	}
+	for _, ep := range c.EtcdEndpoints {
+		if strings.TrimSpace(ep) == "" {
+			bad("etcd-endpoints has an empty entry")
+		}
+	}
+	if (c.EtcdCert == "") != (c.EtcdKey == "") {
+		bad("etcd-cert and etcd-key go together")
+	}
+	if len(c.EtcdEndpoints) == 0 && (c.EtcdCA != "" || c.EtcdCert != "") {
+		bad("etcd-ca, etcd-cert and etcd-key need etcd-endpoints")
+	}
+	if !strings.HasPrefix(c.Prefix, "/") || strings.HasSuffix(c.Prefix, "/") {
+		bad("prefix %q must start with / and not end with /", c.Prefix)
+	}
+	if c.QuotaGlobal < 1 {
+		bad("quota-global must be at least 1, got %d", c.QuotaGlobal)
+	}
+	if c.QuotaPerScope < 1 {
+		bad("quota-per-scope must be at least 1, got %d", c.QuotaPerScope)
+	}
+	if c.QuotaPerScope > c.QuotaGlobal {
+		bad("quota-per-scope (%d) exceeds quota-global (%d)", c.QuotaPerScope, c.QuotaGlobal)
+	}
+	const minMemory = 4 << 20
+	if c.Defaults.MaxMemoryBytes < minMemory {
+		bad("max-memory must be at least 4 MiB")
+	}
+	if c.Defaults.MemoryBytes < minMemory || c.Defaults.MemoryBytes > c.Defaults.MaxMemoryBytes {
+		bad("default memory must be between 4 MiB and max-memory")
+	}
+	if c.Defaults.Pids < 1 || c.Defaults.Pids > 65536 {
+		bad("default pids must be 1-65536")
+	}
+	if c.Defaults.DeadlineSeconds < 1 || c.Defaults.DeadlineSeconds > 604800 {
+		bad("default deadline must be 1-604800 seconds")
+	}
+	if c.ElectionTTL < time.Second {
+		bad("election-ttl must be at least 1s, got %s", c.ElectionTTL)
+	}
+	if c.ReplicaID == "" || strings.ContainsAny(c.ReplicaID, "/ \t\n") {
+		bad("replica id %q must be non-empty without slashes or spaces", c.ReplicaID)
+	}
+	for name, d := range map[string]time.Duration{
+		"read-header timeout": c.ReadHeaderTimeout, "read timeout": c.ReadTimeout,
+		"write timeout": c.WriteTimeout, "idle timeout": c.IdleTimeout, "shutdown timeout": c.ShutdownTimeout,
+	} {
+		if d < 0 {
+			bad("%s must not be negative", name)
+		}
+	}
+	return errors.Join(errs...)
+}

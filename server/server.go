@@ -1,0 +1,282 @@
+// Package server is jobfence's composition root: it connects to etcd
+// (embedded or external), runs the store's read model, campaigns for
+// leadership (running the dispatcher hook while elected), serves the HTTP API
+// and shuts all of it down in a written order.
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"jobfence"
+	"jobfence/handlers"
+	"jobfence/internal/etcdembed"
+	"jobfence/internal/store"
+)
+
+// Server is one jobfence replica. Build it with New, start it with Run.
+type Server struct {
+	cfg  Config
+	auth *handlers.Auth
+
+	started chan struct{}
+	mu      sync.Mutex
+	addr    string
+	client  *clientv3.Client
+	store   *store.Store
+	leader  leaderState
+}
+
+// New checks cfg (defaults applied) and the tokens file; nothing is started.
+func New(cfg Config) (*Server, error) {
+	cfg.ApplyDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("server config: %w", err)
+	}
+	auth, err := handlers.LoadTokens(cfg.TokensFile)
+	if err != nil {
+		return nil, err
+	}
+	return &Server{cfg: cfg, auth: auth, started: make(chan struct{})}, nil
+}
+
+// Started is closed once the HTTP listener is bound (Addr is then valid).
+func (s *Server) Started() <-chan struct{} { return s.started }
+
+// Addr is the bound HTTP address.
+func (s *Server) Addr() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.addr
+}
+
+// Store is the running store (nil before Started); tests drive transitions
+// through it.
+func (s *Server) Store() *store.Store {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.store
+}
+
+// Client is the etcd client in use (nil before Started).
+func (s *Server) Client() *clientv3.Client {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.client
+}
+
+// connect starts the embedded member or dials the external cluster. The
+// returned close stops whichever it was.
+func (s *Server) connect() (*clientv3.Client, <-chan error, func() error, error) {
+	if len(s.cfg.EtcdEndpoints) == 0 {
+		dir := filepath.Join(s.cfg.DataDir, "etcd")
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, nil, nil, fmt.Errorf("data dir: %w", err)
+		}
+		e, err := etcdembed.Start(etcdembed.Config{DataDir: dir})
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		return e.Client, e.Err(), e.Close, nil
+	}
+	tlsCfg, err := s.tlsConfig()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   s.cfg.EtcdEndpoints,
+		DialTimeout: 5 * time.Second,
+		TLS:         tlsCfg,
+		Logger:      zap.NewNop(),
+	})
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("etcd client: %w", err)
+	}
+	return cli, nil, cli.Close, nil
+}
+
+func (s *Server) tlsConfig() (*tls.Config, error) {
+	if s.cfg.EtcdCA == "" && s.cfg.EtcdCert == "" {
+		return nil, nil
+	}
+	t := &tls.Config{MinVersion: tls.VersionTLS12}
+	if s.cfg.EtcdCA != "" {
+		pem, err := os.ReadFile(s.cfg.EtcdCA)
+		if err != nil {
+			return nil, fmt.Errorf("etcd-ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("etcd-ca %s: no PEM certificate", s.cfg.EtcdCA)
+		}
+		t.RootCAs = pool
+	}
+	if s.cfg.EtcdCert != "" {
+		cert, err := tls.LoadX509KeyPair(s.cfg.EtcdCert, s.cfg.EtcdKey)
+		if err != nil {
+			return nil, fmt.Errorf("etcd-cert/etcd-key: %w", err)
+		}
+		t.Certificates = []tls.Certificate{cert}
+	}
+	return t, nil
+}
+
+// Run serves until ctx ends or a part fails, then shuts down in this order:
+//  1. stop accepting and end event streams, so no new write starts;
+//  2. drain in-flight requests (bounded by ShutdownTimeout), so an admitted
+//     job's 201 is not cut off;
+//  3. stop the leader hook and resign, so another replica takes over at
+//     once instead of after the election TTL;
+//  4. stop the read model;
+//  5. close etcd (the embedded member last, after its last client).
+func (s *Server) Run(ctx context.Context) (err error) {
+	cfg := s.cfg
+	lg := cfg.Logger
+
+	cli, etcdErr, closeEtcd, err := s.connect()
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := closeEtcd(); cerr != nil {
+			lg.Warn("etcd_close_failed", "err", cerr.Error())
+		}
+	}()
+
+	st, err := store.New(store.Config{
+		Client:        cli,
+		Prefix:        cfg.Prefix,
+		QuotaGlobal:   cfg.QuotaGlobal,
+		QuotaPerScope: cfg.QuotaPerScope,
+		Defaults:      cfg.Defaults,
+		ReplicaID:     cfg.ReplicaID,
+		Now:           cfg.Now,
+		Logger:        lg.With("component", "store"),
+	})
+	if err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+
+	listener := cfg.Listener
+	if listener == nil {
+		listener, err = net.Listen("tcp", cfg.Listen)
+		if err != nil {
+			return fmt.Errorf("listen: %w", err)
+		}
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	api := handlers.New(handlers.Config{
+		Store:     st,
+		Auth:      s.auth,
+		Logger:    lg.With("component", "http"),
+		Defaults:  cfg.Defaults,
+		ReplicaID: cfg.ReplicaID,
+		Leader:    s.leader.get,
+		Ready: func(ctx context.Context) error {
+			_, err := cli.Get(ctx, cfg.Prefix+"/readyz", clientv3.WithCountOnly())
+			return err
+		},
+		OpenAPI:  jobfence.OpenAPI,
+		Registry: reg,
+	})
+	var dash interface{ CloseStreams() }
+	if !cfg.NoDashboard {
+		d := dashboard(cfg, api)
+		api.Web, api.Events, dash = d, d.Events(), d
+	}
+	srv := &http.Server{
+		Handler:           api.Routes(),
+		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
+		ReadTimeout:       cfg.ReadTimeout,
+		WriteTimeout:      cfg.WriteTimeout,
+		IdleTimeout:       cfg.IdleTimeout,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          nil,
+	}
+
+	s.mu.Lock()
+	s.addr = listener.Addr().String()
+	s.client = cli
+	s.store = st
+	s.mu.Unlock()
+
+	// fail carries the first part that stops on its own.
+	fail := make(chan error, 4)
+
+	storeCtx, stopStore := context.WithCancel(context.Background())
+	storeDone := make(chan struct{})
+	go func() {
+		defer close(storeDone)
+		if err := st.Run(storeCtx); err != nil && storeCtx.Err() == nil {
+			fail <- fmt.Errorf("read model: %w", err)
+		}
+	}()
+
+	leadCtx, stopLeading := context.WithCancel(context.Background())
+	leadDone := make(chan struct{})
+	go func() {
+		defer close(leadDone)
+		if err := s.lead(leadCtx, cli, st); err != nil && leadCtx.Err() == nil {
+			fail <- fmt.Errorf("election: %w", err)
+		}
+	}()
+
+	serveDone := make(chan struct{})
+	go func() {
+		defer close(serveDone)
+		if err := srv.Serve(listener); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			fail <- fmt.Errorf("http: %w", err)
+		}
+	}()
+	close(s.started)
+	lg.Info("server_started", "addr", s.addr, "replica_id", cfg.ReplicaID, "embedded_etcd", len(cfg.EtcdEndpoints) == 0)
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-fail:
+	case e := <-etcdErr:
+		runErr = fmt.Errorf("embedded etcd: %w", e)
+	}
+	if runErr != nil {
+		lg.Error("server_failed", "err", runErr.Error())
+	}
+
+	// 1 + 2: stop accepting, end streams, drain.
+	api.CloseStreams()
+	if dash != nil {
+		dash.CloseStreams()
+	}
+	drainCtx, cancelDrain := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	if err := srv.Shutdown(drainCtx); err != nil {
+		lg.Warn("http_drain_incomplete", "err", err.Error())
+		_ = srv.Close()
+	}
+	cancelDrain()
+	<-serveDone
+	// 3: leader hook stops, then resign.
+	stopLeading()
+	<-leadDone
+	// 4: read model.
+	stopStore()
+	<-storeDone
+	lg.Info("server_stopped", "replica_id", cfg.ReplicaID)
+	// 5: etcd closes in the deferred closeEtcd.
+	return runErr
+}
