@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -13,6 +14,7 @@ import (
 	"log/slog"
 	"mime"
 	"net/http"
+	"net/url"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -106,8 +108,12 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	var wg sync.WaitGroup
 	serveErr := make(chan error, 1)
+	ln := a.cfg.Listener
+	if a.cfg.TLS != nil {
+		ln = tls.NewListener(ln, a.cfg.TLS)
+	}
 	wg.Go(func() {
-		if err := srv.Serve(a.cfg.Listener); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			serveErr <- err
 		}
 	})
@@ -226,9 +232,10 @@ func (a *Agent) refuse(w http.ResponseWriter, r *http.Request, slug, detail stri
 	writeProblem(w, r, RefusalStatus[slug], slug, "Dispatch refused", detail)
 }
 
-// handleDispatch applies the receive checks in their fixed order. Every
-// refusal leaves no record behind except a tombstone's, and the invocation
-// never executes.
+// handleDispatch applies the receive checks in their fixed order (epoch,
+// isolation, payload bounds, repeated invocation id, deadline funding, queue
+// space). Every refusal leaves no record behind, and the invocation never
+// executes.
 func (a *Agent) handleDispatch(w http.ResponseWriter, r *http.Request) {
 	var req DispatchRequest
 	tooLarge, err := readJSON(w, r, &req)
@@ -251,11 +258,9 @@ func (a *Agent) handleDispatch(w http.ResponseWriter, r *http.Request) {
 		a.refuse(w, r, RefusalPayloadTooLarge, problem, &req)
 		return
 	}
-	now := a.cfg.Now()
-	if need := a.cfg.reservation() + a.cfg.MinRunWindow; req.Deadline.Sub(now) < need {
-		a.refuse(w, r, RefusalDeadlineUnfundable, fmt.Sprintf("the deadline leaves %s; at least %s is needed", req.Deadline.Sub(now).Round(time.Millisecond), need), &req)
-		return
-	}
+	// A repeat of an accepted invocation is answered before the deadline
+	// check: by now its deadline may be unfundable, and a refusal would claim
+	// that an invocation which is running, or ran, never will.
 	a.mu.Lock()
 	if inv, ok := a.invocations[req.InvocationID]; ok {
 		st := inv.status
@@ -267,6 +272,12 @@ func (a *Agent) handleDispatch(w http.ResponseWriter, r *http.Request) {
 		// One invocation id, one execution: a repeat is accepted and ignored.
 		a.log.Warn("repeated invocation ignored", "job_id", req.JobID, "invocation_id", req.InvocationID)
 		writeJSON(w, http.StatusAccepted, InvocationStatus{Status: st})
+		return
+	}
+	now := a.cfg.Now()
+	if need := a.cfg.reservation() + a.cfg.MinRunWindow; req.Deadline.Sub(now) < need {
+		a.mu.Unlock()
+		a.refuse(w, r, RefusalDeadlineUnfundable, fmt.Sprintf("the deadline leaves %s; at least %s is needed", req.Deadline.Sub(now).Round(time.Millisecond), need), &req)
 		return
 	}
 	if len(a.queue) >= cap(a.queue) || a.cfg.QueueSize == 0 {
@@ -401,7 +412,7 @@ func (a *Agent) heartbeat(ctx context.Context) {
 	defer t.Stop()
 	announced := false
 	for {
-		status, err := a.send(ctx, http.MethodPut, "/v1/agents/"+a.cfg.ID, body)
+		status, err := a.send(ctx, http.MethodPut, "/v1/agents/"+url.PathEscape(a.cfg.ID), body)
 		switch {
 		case err != nil:
 			a.log.Warn("heartbeat failed", "error", err)
@@ -452,9 +463,12 @@ func (a *Agent) housekeeping(ctx context.Context) {
 		}
 		now := a.cfg.Now()
 		a.mu.Lock()
-		for id, inv := range a.invocations {
+		// An expired record keeps only its id and status: forgetting the id
+		// would let a late tombstone request be answered "tombstoned" for an
+		// invocation that ran.
+		for _, inv := range a.invocations {
 			if now.After(inv.expires) && inv.status != StatusQueued && inv.status != StatusRunning {
-				delete(a.invocations, id)
+				inv.req = nil
 			}
 		}
 		a.mu.Unlock()

@@ -191,6 +191,11 @@ func TestRepeatedInvocationRunsOnceAndTombstones(t *testing.T) {
 	ta.fs.reportFor(t, req.JobID)
 	ta.fs.waitFor(t, "reported", func() bool { return ta.status(t, req.InvocationID) == StatusReported })
 	ta.send(t, req) // after the report
+	// Even when its deadline can no longer be funded, a repeat is not refused:
+	// a refusal would claim it never ran.
+	stale := req
+	stale.Deadline = time.Now().Add(time.Second)
+	ta.send(t, stale)
 	// One executor, FIFO queue: once a later job is reported, any duplicate
 	// enqueued before it would have run already.
 	flush := ta.dispatch(exe(t), "helper", "exit", "0")

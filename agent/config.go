@@ -6,6 +6,7 @@
 package agent
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -23,8 +24,10 @@ type Config struct {
 	ID string
 	// Listener serves the dispatch API (required; cmd opens it from --listen).
 	Listener net.Listener
+	// TLS, when set, serves the dispatch API over TLS on Listener.
+	TLS *tls.Config
 	// Advertise is the base URL announced to the server; default
-	// "http://" + the listener's address.
+	// "http://" (or "https://" with TLS) + the listener's address.
 	Advertise string
 	// ServerURL is the jobfence server's base URL (required).
 	ServerURL string
@@ -116,7 +119,11 @@ func (c *Config) setDefaults() {
 		c.Now = time.Now
 	}
 	if c.Advertise == "" && c.Listener != nil {
-		c.Advertise = "http://" + c.Listener.Addr().String()
+		scheme := "http://"
+		if c.TLS != nil {
+			scheme = "https://"
+		}
+		c.Advertise = scheme + c.Listener.Addr().String()
 	}
 }
 

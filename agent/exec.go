@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"slices"
 	"sort"
 	"strings"
@@ -223,7 +224,7 @@ func (a *Agent) report(ctx context.Context, inv *invocation, req DispatchRequest
 	}
 	wait := 100 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		status, err := a.send(rctx, http.MethodPost, "/v1/jobs/"+req.JobID+"/result", env)
+		status, err := a.send(rctx, http.MethodPost, "/v1/jobs/"+url.PathEscape(req.JobID)+"/result", env)
 		switch {
 		case err == nil && status == http.StatusOK:
 			a.setStatus(inv, StatusReported)

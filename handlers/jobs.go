@@ -72,20 +72,25 @@ func (a *API) admitJob(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	// The hash is over the decoded submission re-encoded deterministically,
-	// so whitespace and member order do not make "the same body" differ.
-	canon, err := json.Marshal(&sub, json.Deterministic(true))
-	if err != nil {
-		return err
+	var bodyHash string
+	if key != "" {
+		// The hash is over the decoded submission re-encoded
+		// deterministically, so whitespace and member order do not make
+		// "the same body" differ.
+		canon, err := json.Marshal(&sub, json.Deterministic(true))
+		if err != nil {
+			return err
+		}
+		sum := sha256.Sum256(canon)
+		bodyHash = hex.EncodeToString(sum[:])
 	}
-	sum := sha256.Sum256(canon)
 	job, created, err := a.Store.Admit(r.Context(), store.AdmitInput{
 		Target:         target,
 		Operation:      sub.Operation,
 		Spec:           spec,
 		Actor:          p.Subject,
 		IdempotencyKey: key,
-		BodyHash:       hex.EncodeToString(sum[:]),
+		BodyHash:       bodyHash,
 	})
 	if err != nil {
 		return err

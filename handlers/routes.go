@@ -14,7 +14,15 @@ func (a *API) Routes() chi.Router {
 	r := chi.NewRouter()
 	a.root = r
 	r.Use(requestID, a.observe, limitBody)
-	r.NotFound(a.Handle(func(http.ResponseWriter, *http.Request) error { return problem.ErrNotFound }))
+	notFound := a.Handle(func(http.ResponseWriter, *http.Request) error { return problem.ErrNotFound })
+	// The dashboard gets every path the API does not know. It is the root's
+	// not-found handler rather than a catch-all route, so a wrong method on
+	// an API path stays a problem+json 405 instead of reaching the pages.
+	if a.Web != nil {
+		r.NotFound(a.Web.ServeHTTP)
+	} else {
+		r.NotFound(notFound)
+	}
 	r.MethodNotAllowed(a.Handle(a.methodNotAllowed))
 
 	r.Get("/healthz", a.Handle(a.healthz))
@@ -23,6 +31,7 @@ func (a *API) Routes() chi.Router {
 	r.Method(http.MethodGet, "/metrics", a.metrics())
 
 	r.Route("/v1", func(r chi.Router) {
+		r.NotFound(notFound)
 		r.Post("/jobs", a.Handle(a.Require(RoleSubmitter, a.admitJob)))
 		r.Get("/jobs", a.Handle(a.Require(RoleViewer, a.listJobs)))
 		r.Get("/jobs/{id}", a.Handle(a.Require(RoleViewer, a.getJob)))
@@ -44,11 +53,6 @@ func (a *API) Routes() chi.Router {
 		r.Put("/settings/admission", a.Handle(a.Require(RoleOperator, a.putAdmission)))
 		r.Put("/settings/dispatch", a.Handle(a.Require(RoleOperator, a.putDispatch)))
 	})
-
-	if a.Web != nil {
-		r.Handle("/", a.Web)
-		r.Handle("/*", a.Web)
-	}
 	return r
 }
 

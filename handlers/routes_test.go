@@ -2,6 +2,7 @@ package handlers
 
 import (
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -68,5 +69,35 @@ func TestProblemSlugsDocumented(t *testing.T) {
 	slices.Sort(want)
 	if !slices.Equal(want, slugs) {
 		t.Fatalf("problem table slugs %v, API.md has %v", slugs, want)
+	}
+}
+
+// The dashboard gets every path the API does not know, and nothing else: a
+// wrong method or an unknown /v1 path stays a problem+json answer.
+func TestWebGetsOnlyUnknownPaths(t *testing.T) {
+	web := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html")
+		w.WriteHeader(http.StatusTeapot)
+	})
+	h := New(Config{Web: web}).Routes()
+	cases := []struct {
+		method, path string
+		status       int
+		ctype        string
+	}{
+		{"GET", "/", http.StatusTeapot, "text/html"},
+		{"GET", "/jobs/x", http.StatusTeapot, "text/html"},
+		{"POST", "/login", http.StatusTeapot, "text/html"},
+		{"POST", "/healthz", http.StatusMethodNotAllowed, problem.ContentType},
+		{"DELETE", "/v1/fences", http.StatusMethodNotAllowed, problem.ContentType},
+		{"GET", "/v1/nothing", http.StatusNotFound, problem.ContentType},
+		{"GET", "/healthz", http.StatusOK, "application/json"},
+	}
+	for _, c := range cases {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(c.method, c.path, nil))
+		if rec.Code != c.status || rec.Header().Get("Content-Type") != c.ctype || rec.Header().Get("X-Request-Id") == "" {
+			t.Errorf("%s %s: %d %q", c.method, c.path, rec.Code, rec.Header().Get("Content-Type"))
+		}
 	}
 }

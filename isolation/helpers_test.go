@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 )
 
 // TestMain turns the test binary into the shim or a helper child when it is
@@ -25,7 +27,16 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 2 && os.Args[1] == "helper" {
 		os.Exit(helper(os.Args[2], os.Args[3:]))
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if code == 0 {
+		// The spawner goroutine lives for the process by design: PDEATHSIG is
+		// tied to its thread.
+		if err := goleak.Find(goleak.IgnoreTopFunction("jobfence/isolation.spawnLoop")); err != nil {
+			fmt.Fprintln(os.Stderr, "goroutine leak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 // helper behaviours, run inside domains.

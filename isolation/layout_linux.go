@@ -132,6 +132,15 @@ func detect(root string) (*layout, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read mountinfo: %w", err)
 	}
+	return detectIn(root, mounts, func(dir string) ([]string, error) {
+		b, err := os.ReadFile(filepath.Join(dir, "cgroup.controllers"))
+		return strings.Fields(string(b)), err
+	})
+}
+
+// detectIn decides the layout from a mount table and a way to read a cgroup2
+// directory's controllers.
+func detectIn(root string, mounts []mountEntry, controllers func(dir string) ([]string, error)) (*layout, error) {
 	m, ok := mountOf(mounts, root)
 	if !ok {
 		return nil, fmt.Errorf("no mount holds %s", root)
@@ -144,11 +153,11 @@ func detect(root string) (*layout, error) {
 	}
 	rel := filepath.Join(m.root, strings.TrimPrefix(root, m.point))
 	l := &layout{v2: root, v2Rel: rel, v2Mount: m.point}
-	ctrl, err := os.ReadFile(filepath.Join(m.point, "cgroup.controllers"))
+	ctrl, err := controllers(m.point)
 	if err != nil {
 		return nil, fmt.Errorf("read cgroup.controllers of %s: %w", m.point, err)
 	}
-	l.controllers = strings.Fields(string(ctrl))
+	l.controllers = ctrl
 	if slices.Contains(l.controllers, "memory") && slices.Contains(l.controllers, "pids") {
 		l.mode = ModeV2
 		return l, nil
@@ -162,7 +171,7 @@ func detect(root string) (*layout, error) {
 				return filepath.Join(mm.point, strings.TrimPrefix(rel, mm.root)), nil
 			}
 		}
-		return "", fmt.Errorf("cgroup2 at %s offers [%s] without memory and pids, and no v1 %s hierarchy is mounted", m.point, strings.Join(l.controllers, " "), ctrl)
+		return "", fmt.Errorf("cgroup2 at %s offers [%s], not both memory and pids, and no v1 %s hierarchy is mounted", m.point, strings.Join(l.controllers, " "), ctrl)
 	}
 	if l.mem, err = v1("memory"); err != nil {
 		return nil, err

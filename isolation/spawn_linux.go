@@ -88,8 +88,11 @@ func startShim(d *domain, shimPath string, shimArgs []string, stdout, stderr *os
 	defer statusW.Close()
 	pidfd := -1
 	attr := &os.ProcAttr{
-		Dir:   "/",
-		Env:   []string{},
+		Dir: "/",
+		// The shim's own runtime needs one thread and no collector, and must
+		// not spend its start looking up CPU quotas; none of this reaches the
+		// command, which gets exactly the frame's environment.
+		Env:   []string{"GOMAXPROCS=1", "GOGC=off", "GODEBUG=updatemaxprocs=0"},
 		Files: []*os.File{null, stdout, stderr, frameR, statusW},
 		Sys: &syscall.SysProcAttr{
 			UseCgroupFD: true,

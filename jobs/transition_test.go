@@ -138,9 +138,13 @@ func matrixEvents() []matrixEvent {
 			e.Phase, e.Signal = PhaseIndeterminateAfterLaunch, "SIGKILL"
 			return ApplyResult(j, e, meta())
 		}},
-		{"refused", func(j *Job) (*Job, Effects, error) { return ClassifyByServer(j, CodeRefusedByAgent, "queue-full", meta()) }},
+		{"refused", func(j *Job) (*Job, Effects, error) {
+			return ClassifyByServer(j, CodeRefusedByAgent, "queue-full", meta())
+		}},
 		{"tombstoned", func(j *Job) (*Job, Effects, error) { return ClassifyByServer(j, CodeTombstoned, "", meta()) }},
-		{"deadline", func(j *Job) (*Job, Effects, error) { return ClassifyByServer(j, CodeNoTrustedResult, "deadline", meta()) }},
+		{"deadline", func(j *Job) (*Job, Effects, error) {
+			return ClassifyByServer(j, CodeNoTrustedResult, "deadline", meta())
+		}},
 		{"termination_proof", func(j *Job) (*Job, Effects, error) {
 			return RecordTerminationProof(j, ProofAgentEpochReplaced, meta())
 		}},

@@ -120,3 +120,27 @@ func TestImportsStandardLibraryOnly(t *testing.T) {
 		}
 	}
 }
+
+// FuzzValidate: any submission either fails with field errors or yields a
+// spec inside the bounds.
+func FuzzValidate(f *testing.F) {
+	f.Add("a/b", "/bin/true", "FOO", "bar", int64(1<<22), int64(1), 0, 3, "http://h/x")
+	f.Add(" A / B ", "rel", "1X", "\x00", int64(0), int64(0), 256, 0, "ftp://")
+	f.Fuzz(func(t *testing.T, target, cmd, envK, envV string, mem, pids int64, c, nc int, url string) {
+		s := Submission{Target: target, Command: []string{cmd}, Env: map[string]string{envK: envV},
+			Limits:  &SubmissionLimits{MemoryBytes: &mem, Pids: &pids},
+			Outcome: &SubmissionOutcome{CommittedExitCodes: []int{c}, NotCommittedExitCodes: []int{nc}},
+			Refresh: &Refresh{URL: url}}
+		tg, spec, err := s.Validate(testDefaults)
+		if err != nil {
+			if len(fields(err)) == 0 {
+				t.Fatalf("error without field entries: %v", err)
+			}
+			return
+		}
+		if tg.Scope == "" || tg.Name == "" || !Printable(tg.Display) || !Printable(spec.Command[0]) ||
+			spec.Limits.MemoryBytes < MinMemoryBytes || spec.Limits.Pids < 1 || c == nc {
+			t.Fatalf("accepted out-of-bounds submission: %+v %+v", tg, spec)
+		}
+	})
+}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -54,6 +55,8 @@ type apiH struct {
 	base   string
 	client *http.Client
 	etcd   *clientv3.Client
+	// stop shuts the server down and waits for Run to return (idempotent).
+	stop func()
 }
 
 func startAPI(t testing.TB, mutate func(*Config)) *apiH {
@@ -87,26 +90,30 @@ func startAPI(t testing.TB, mutate func(*Config)) *apiH {
 		cancel()
 		t.Fatalf("server stopped before starting: %v", err)
 	}
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("server run: %v", err)
+	var stopOnce sync.Once
+	stop := func() {
+		stopOnce.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("server run: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Error("server did not stop within 30s")
 			}
-		case <-time.After(30 * time.Second):
-			t.Error("server did not stop within 30s")
-		}
-	})
+		})
+	}
+	t.Cleanup(stop)
 	tr := &http.Transport{MaxIdleConnsPerHost: 128}
 	t.Cleanup(tr.CloseIdleConnections)
-	h := &apiH{t: t, srv: s, base: "http://" + s.Addr(), etcd: cli,
+	h := &apiH{t: t, srv: s, base: "http://" + s.Addr(), etcd: cli, stop: stop,
 		client: &http.Client{Transport: apitest.Transport(t, tr), Timeout: 30 * time.Second}}
-	// Ready means the read model listed and the election settled, so the
-	// etcd revision stands still from here unless a request writes.
-	pollUntil(t, "server ready and leading", func() bool {
-		_, leading := s.Leadership()
-		return leading && h.do("GET", "/readyz", "", nil).status == http.StatusOK
+	// Ready means the read model listed and the election settled (this
+	// replica leads or knows who does), so the etcd revision stands still
+	// from here unless a request writes.
+	pollUntil(t, "server ready with a known leader", func() bool {
+		return s.leader.get().ID != "" && h.do("GET", "/readyz", "", nil).status == http.StatusOK
 	})
 	return h
 }

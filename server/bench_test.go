@@ -17,6 +17,8 @@ import (
 
 	"jobfence/handlers"
 	"jobfence/internal/etcdtest"
+	"jobfence/internal/store"
+	"jobfence/jobs"
 )
 
 const (
@@ -54,11 +56,12 @@ func BenchmarkAdmission(b *testing.B) {
 		// Warm the connections and the read model.
 		benchHTTP(b, client, h.base, fmt.Sprintf("warm%d", iter), 2, func(c int) string { return fmt.Sprintf("warm%d-%d", iter, c) })
 
-		var httpRate, rawRate float64
+		var httpRate, rawRate, storeRate float64
 		for round := range benchRounds {
 			httpRate = max(httpRate, benchHTTP(b, client, h.base, fmt.Sprintf("r%d", round), benchEach,
 				func(c int) string { return fmt.Sprintf("ratio%d-%d", iter, c) }))
 			rawRate = max(rawRate, benchRaw(b, raw, fmt.Sprintf("%s/%d/%d", rawPrefix, iter, round), record))
+			storeRate = max(storeRate, benchStore(b, h.srv.Store(), fmt.Sprintf("d%d-%d", iter, round)))
 		}
 
 		a0, n0 := h.srv.Store().AdmitAttempts()
@@ -71,6 +74,8 @@ func BenchmarkAdmission(b *testing.B) {
 		b.ReportMetric(httpRate/rawRate, "ratio")
 		b.ReportMetric(attempts, "attempts/admission")
 		fmt.Printf("BENCH admission_ratio value=%.0f reference=%.0f ratio=%.3f floor=0.5 goal=0.7\n", httpRate, rawRate, httpRate/rawRate)
+		// Where the time goes: the store's Admit called directly, without HTTP.
+		fmt.Printf("BENCH admission_store_direct value=%.0f http_share=%.3f\n", storeRate, httpRate/storeRate)
 		fmt.Printf("BENCH admission_attempts_one_scope value=%.3f floor=1.05 goal=1.01\n", attempts)
 	}
 }
@@ -115,6 +120,43 @@ func benchHTTP(b *testing.B, client *http.Client, base, tag string, each int, sc
 		b.Fatal(err)
 	}
 	return float64(benchClients*each) / elapsed.Seconds()
+}
+
+// benchStore admits through store.Admit directly at the same concurrency.
+func benchStore(b *testing.B, st *store.Store, tag string) float64 {
+	b.Helper()
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	errs := make(chan error, benchClients)
+	for c := range benchClients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			for k := range benchEach {
+				target, err := jobs.ParseTarget(fmt.Sprintf("direct%d/%s-%d", c, tag, k))
+				if err != nil {
+					errs <- err
+					return
+				}
+				spec := jobs.Spec{Command: []string{"/bin/true"}, Limits: jobs.Limits{MemoryBytes: 256 << 20, Pids: 256, DeadlineSeconds: 3600},
+					Outcome: jobs.Outcome{CommittedExitCodes: []int{0}, NotCommittedExitCodes: []int{}}, WorkingDir: "/"}
+				if _, _, err := st.Admit(context.Background(), store.AdmitInput{Target: target, Spec: spec, Actor: "bench"}); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	t0 := time.Now()
+	close(start)
+	wg.Wait()
+	elapsed := time.Since(t0)
+	close(errs)
+	for err := range errs {
+		b.Fatal(err)
+	}
+	return float64(benchClients*benchEach) / elapsed.Seconds()
 }
 
 // benchRaw is the floor an admission cannot beat: one transaction that

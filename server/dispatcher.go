@@ -195,6 +195,7 @@ func (d *Dispatcher) Run(ctx context.Context, l store.Leadership) error {
 	defer func() {
 		cancel()
 		t.wg.Wait()
+		d.refresh.CloseIdleConnections()
 		// A follower does not know why jobs wait; it shows no stale reason.
 		for id := range d.BlockedReasons() {
 			d.setBlocked(id, "")
@@ -376,8 +377,12 @@ func (d *Dispatcher) settlePhase(ctx context.Context, t *term) error {
 			t.forget(id)
 			continue
 		}
+		addr := j.Dispatch.AgentAddress
+		if addr == "" {
+			addr = d.agentAddress(j.Dispatch.AgentID)
+		}
 		qctx, qcancel := context.WithTimeout(bctx, d.cfg.QueryTimeout)
-		status, err := d.agents.Tombstone(qctx, j.Dispatch.AgentAddress, j.Dispatch.InvocationID, j.Dispatch.AgentEpoch)
+		status, err := d.agents.Tombstone(qctx, addr, j.Dispatch.InvocationID, j.Dispatch.AgentEpoch)
 		qcancel()
 		var refusal *RefusalError
 		switch {
@@ -405,6 +410,17 @@ func (d *Dispatcher) settlePhase(ctx context.Context, t *term) error {
 		}
 	}
 	return nil
+}
+
+// agentAddress is the registered address of an agent, for records that
+// did not keep the one they were sent to.
+func (d *Dispatcher) agentAddress(id string) string {
+	for _, a := range d.store.Agents() {
+		if a.ID == id {
+			return a.Address
+		}
+	}
+	return ""
 }
 
 // classifyRunning applies a server-side classification to the dispatch in
@@ -444,6 +460,7 @@ func (d *Dispatcher) dispatchPhase(ctx context.Context, t *term) error {
 		return nil
 	}
 	sortByID(pending)
+	d.creds.refresh()
 	agents := d.eligibleAgents()
 	bctx, cancel := d.budget(ctx)
 	defer cancel()

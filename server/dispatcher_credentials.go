@@ -60,7 +60,6 @@ func (c *credentialProfiles) resolve(profile string) (map[string]string, error) 
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.reloadLocked()
 	if c.profiles == nil && c.loadErr != nil {
 		return nil, c.loadErr
 	}
@@ -73,6 +72,17 @@ func (c *credentialProfiles) resolve(profile string) (map[string]string, error) 
 		out[k] = v
 	}
 	return out, nil
+}
+
+// refresh re-reads the file if it changed; the dispatcher calls it once per
+// round, not once per job.
+func (c *credentialProfiles) refresh() {
+	if c == nil || c.path == "" {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.reloadLocked()
 }
 
 // reloadLocked re-reads the file when it changed. A file that is mid-edit or

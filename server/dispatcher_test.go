@@ -18,6 +18,7 @@ import (
 
 	"github.com/google/uuid"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
 
 	"jobfence/internal/etcdtest"
 	"jobfence/internal/store"
@@ -754,6 +755,7 @@ func TestCredentialFileProblemsNeverQuoteValues(t *testing.T) {
 	const value = "hunter2-hunter2"
 	logs := &syncBuffer{}
 	c := newCredentialProfiles(path, slog.New(slog.NewJSONHandler(logs, nil)))
+	c.refresh()
 	if _, err := c.resolve("p"); err == nil {
 		t.Fatal("a missing file resolved a profile")
 	}
@@ -762,6 +764,7 @@ func TestCredentialFileProblemsNeverQuoteValues(t *testing.T) {
 			t.Fatal(err)
 		}
 		// A new mtime/size is what triggers the re-read.
+		c.refresh()
 		_, err := c.resolve("p")
 		if err == nil {
 			t.Fatalf("bad file %q resolved", bad)
@@ -774,11 +777,58 @@ func TestCredentialFileProblemsNeverQuoteValues(t *testing.T) {
 		t.Fatal("logs quote a credential value")
 	}
 	writeCredentials(t, path, map[string]map[string]string{"p": {"A": value}})
+	c.refresh()
 	vars, err := c.resolve("p")
 	if err != nil || vars["A"] != value {
 		t.Fatalf("good file: %v", err)
 	}
 	if _, err := c.resolve("q"); err == nil || !strings.Contains(err.Error(), `"q"`) {
 		t.Fatalf("missing profile: %v", err)
+	}
+}
+
+// A term that ends while a refresh hook call is in flight waits for it and
+// leaves no goroutine behind; the refresh stays RUNNING for the next
+// leader to downgrade.
+func TestRunLeavesNoGoroutines(t *testing.T) {
+	h := newHarness(t, func(c *DispatchConfig) { c.Interval = 10 * time.Millisecond })
+	h.agent("a1", "e1", 1)
+	block := make(chan struct{})
+	called := make(chan struct{}, 1)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		called <- struct{}{}
+		select {
+		case <-block:
+		case <-r.Context().Done():
+		}
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { close(block); _ = srv.Close() })
+	j := h.admit("wh/leak", withRefresh("http://"+ln.Addr().String()+"/hook"))
+	h.round()
+	if _, _, err := h.report(h.get(j.ID), h.agents.sent()[0].Secret, jobs.CodeExitCommitted, jobs.PhaseNativeReturn,
+		intp(0), jobs.ProofChildReaped); err != nil {
+		t.Fatal(err)
+	}
+
+	ignore := goleak.IgnoreCurrent()
+	ctx, cancel := context.WithCancel(h.ctx)
+	done := make(chan error, 1)
+	go func() { done <- h.d.Run(ctx, h.l) }()
+	<-called
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	// The hook's own server side may still be noticing the dropped call;
+	// only the dispatcher's goroutines are under test.
+	goleak.VerifyNone(t, ignore, goleak.IgnoreAnyFunction("net/http.(*conn).serve"),
+		goleak.IgnoreTopFunction("jobfence/server.TestRunLeavesNoGoroutines.func2"))
+	if got := h.get(j.ID); got.RefreshState != jobs.RefreshRunning {
+		t.Fatalf("refresh %s, want RUNNING left for the next leader", got.RefreshState)
 	}
 }

@@ -202,7 +202,7 @@ func TestEndToEnd(t *testing.T) {
 		_, _ = rand.Read(b[:])
 		value := "cred-" + hex.EncodeToString(b[:])
 		creds := e.write("credentials.json", `{"warehouse-rw": {"DB_PASSWORD": "`+value+`"}}`)
-		srv := e.server("s1", func(s *e2eServerSpec) { s.Dispatch.CredentialsFile = creds })
+		srv := e.server("s1", func(s *e2eServerSpec) { s.CredentialsFile = creds })
 		ag := e.agent("a1", srv, 1)
 		seen := filepath.Join(e.dir, "seen")
 		id := e.submit(shJob("wh/creds", `printf %s "$DB_PASSWORD" > `+seen, 20, map[string]any{"credentials": "warehouse-rw"}))
@@ -235,7 +235,7 @@ func TestEndToEnd(t *testing.T) {
 	t.Run("2_refresh", func(t *testing.T) {
 		e := newE2E(t, bin)
 		hk := startE2EHook(t)
-		srv := e.server("s1", func(s *e2eServerSpec) { s.Dispatch.RefreshRetry = 2 * time.Second })
+		srv := e.server("s1", func(s *e2eServerSpec) { s.RefreshRetry = 2 * time.Second })
 		e.agent("a1", srv, 1)
 
 		hk.set(http.StatusNoContent, true)
@@ -302,6 +302,140 @@ func TestEndToEnd(t *testing.T) {
 		if _, err := os.Stat(journal); !os.IsNotExist(err) {
 			t.Fatalf("the command ran: %v", err)
 		}
+	})
+
+	// Must-show 8: two replicas and one agent; the leader is killed during
+	// a stream of 200 jobs on 20 targets. Every job ends terminal, no
+	// invocation runs twice, no two jobs on one target overlap, and the
+	// leader change alone makes no job UNKNOWN.
+	t.Run("8_leader_killed_during_stream", func(t *testing.T) {
+		e := newE2E(t, bin)
+		s1 := e.server("s1")
+		e.waitFor("s1 leads", 20*time.Second, func() bool { return e.leaderAt(s1.base) == "s1" })
+		s2 := e.server("s2")
+		e.agent("a1", s2, 4)
+		journal := filepath.Join(e.dir, "exec-journal")
+		const targets, perTarget = 20, 10
+		script := `echo "$M start $(date +%s%N)" >> ` + journal + `; sleep 0.05; echo "$M end $(date +%s%N)" >> ` + journal
+		var (
+			mu       sync.Mutex
+			ids      []string
+			admitted int
+			errs     []string
+			wg       sync.WaitGroup
+		)
+		killAt := make(chan struct{})
+		var killOnce sync.Once
+		for ti := 0; ti < targets; ti++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				deadline := time.Now().Add(4 * time.Minute)
+				for k := 0; k < perTarget; k++ {
+					body := shJob(fmt.Sprintf("stream/t%02d", ti), script, 60,
+						map[string]any{"env": map[string]string{"M": fmt.Sprintf("t%02d-%d", ti, k)}})
+					for {
+						if time.Now().After(deadline) {
+							mu.Lock()
+							errs = append(errs, fmt.Sprintf("t%02d: job %d never admitted", ti, k))
+							mu.Unlock()
+							return
+						}
+						st, raw := e.callAt(s2.base, "POST", "/v1/jobs", submitter, body)
+						if st == http.StatusCreated {
+							var j jobs.Job
+							_ = json.Unmarshal(raw, &j)
+							mu.Lock()
+							ids = append(ids, j.ID)
+							admitted++
+							if admitted == 60 {
+								killOnce.Do(func() { close(killAt) })
+							}
+							mu.Unlock()
+							break
+						}
+						// 409 fence-held: the previous job of this target is
+						// unresolved; try again shortly.
+						time.Sleep(100 * time.Millisecond)
+					}
+				}
+			}()
+		}
+		select {
+		case <-killAt:
+			s1.kill()
+		case <-time.After(3 * time.Minute):
+			t.Fatal("60 admissions did not happen")
+		}
+		wg.Wait()
+		if len(errs) > 0 {
+			t.Fatalf("submitters: %v", errs)
+		}
+		if l := e.leaderAt(s2.base); l != "s2" {
+			t.Fatalf("leader after the kill is %q, want s2", l)
+		}
+		if len(ids) != targets*perTarget {
+			t.Fatalf("%d jobs admitted", len(ids))
+		}
+		counts := map[jobs.State]int{}
+		for _, id := range ids {
+			var j *jobs.Job
+			e.waitFor("job "+id+" terminal", 2*time.Minute, func() bool {
+				_, raw := e.callAt(s2.base, "GET", "/v1/jobs/"+id, viewer, nil)
+				j = &jobs.Job{}
+				return json.Unmarshal(raw, j) == nil && j.State.Terminal() && j.Resolved
+			})
+			counts[j.State]++
+			if j.State == jobs.Unknown {
+				t.Errorf("job %s UNKNOWN (%+v)", id, j.Result)
+			}
+		}
+		raw, err := os.ReadFile(journal)
+		if err != nil {
+			t.Fatal(err)
+		}
+		starts := map[string]int{}
+		type span struct{ start, end string }
+		spans := map[string]map[string]*span{} // target -> marker -> span
+		for _, line := range strings.Split(strings.TrimSpace(string(raw)), "\n") {
+			f := strings.Fields(line)
+			if len(f) != 3 {
+				t.Fatalf("journal line %q", line)
+			}
+			target := f[0][:strings.Index(f[0], "-")]
+			if spans[target] == nil {
+				spans[target] = map[string]*span{}
+			}
+			sp := spans[target][f[0]]
+			if sp == nil {
+				sp = &span{}
+				spans[target][f[0]] = sp
+			}
+			if f[1] == "start" {
+				starts[f[0]]++
+				sp.start = f[2]
+			} else {
+				sp.end = f[2]
+			}
+		}
+		for m, n := range starts {
+			if n != 1 {
+				t.Errorf("invocation %s executed %d times", m, n)
+			}
+		}
+		for target, byMarker := range spans {
+			for m1, a := range byMarker {
+				for m2, b := range byMarker {
+					if m1 < m2 && a.start < b.end && b.start < a.end && len(a.start) == len(b.end) && len(b.start) == len(a.end) {
+						t.Errorf("%s: %s and %s overlapped", target, m1, m2)
+					}
+				}
+			}
+		}
+		if counts[jobs.Committed] != len(starts) {
+			t.Errorf("%d COMMITTED but %d executions", counts[jobs.Committed], len(starts))
+		}
+		fmt.Printf("e2e: stream of %d jobs across a leader kill: %v, %d executions\n", len(ids), counts, len(starts))
 	})
 }
 

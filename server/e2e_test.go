@@ -1,28 +1,25 @@
 package server
 
-// End-to-end tests of issue 4's must-shows: real server processes (this
-// test binary re-executed as `server`, running New + EnableDispatch + Run
-// exactly as the command does), the real `jobfence agent` binary with real
-// cgroups, and a real etcd. Agent → server traffic passes a proxy the test
-// controls, so a partition can be simulated without touching either side.
+// End-to-end tests of issue 4's must-shows: the real `jobfence server` and
+// `jobfence agent` processes (one binary, built with the jobfence_testhooks
+// tag so one test can make a leader die on cue), real cgroups and a real
+// etcd. Agent → server traffic passes a proxy the test controls, so a
+// partition can be simulated without touching either side.
 
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -34,64 +31,45 @@ import (
 	"jobfence/handlers"
 	"jobfence/internal/apitest"
 	"jobfence/internal/etcdtest"
+	"jobfence/isolation"
 	"jobfence/jobs"
 )
 
-const e2eServerEnv = "JOBFENCE_E2E_SERVER"
-
-// e2eServerSpec is what a re-executed server process runs with.
+// e2eServerSpec is how a test starts one replica.
 type e2eServerSpec struct {
-	Etcd        string         `json:"etcd"`
-	Prefix      string         `json:"prefix"`
-	TokensFile  string         `json:"tokens_file"`
-	ReplicaID   string         `json:"replica_id"`
-	ElectionTTL time.Duration  `json:"election_ttl"`
-	Dispatch    DispatchConfig `json:"dispatch"`
+	ReplicaID       string
+	CredentialsFile string
+	RefreshRetry    time.Duration
 	// ExitAfterMarkRunning makes the process die between a committed
 	// markRunning and the send (must-show 7).
-	ExitAfterMarkRunning bool `json:"exit_after_mark_running"`
+	ExitAfterMarkRunning bool
 }
 
-// TestE2EServerProcess is not a test: it is the body of the server
-// processes the end-to-end tests start (the os/exec helper-process pattern).
-func TestE2EServerProcess(t *testing.T) {
-	raw := os.Getenv(e2eServerEnv)
-	if raw == "" {
-		return
+// e2eServerArgs is the command line of one replica on the shared etcd.
+func e2eServerArgs(spec e2eServerSpec, prefix, tokens, dispatchToken string) []string {
+	args := []string{"server", "--listen", "127.0.0.1:0", "--etcd-endpoints", etcdtest.Endpoint(),
+		"--prefix", prefix, "--tokens-file", tokens, "--replica-id", spec.ReplicaID, "--election-ttl", "2s",
+		"--dispatch-interval", "200ms", "--dispatch-token-file", dispatchToken,
+		"--log-format", "json", "--log-level", "debug"}
+	if spec.CredentialsFile != "" {
+		args = append(args, "--credentials-file", spec.CredentialsFile)
 	}
-	var spec e2eServerSpec
-	if err := json.Unmarshal([]byte(raw), &spec); err != nil {
-		fmt.Fprintln(os.Stderr, "bad spec:", err)
-		os.Exit(2)
+	if spec.RefreshRetry > 0 {
+		args = append(args, "--refresh-retry", spec.RefreshRetry.String())
 	}
-	if spec.ExitAfterMarkRunning {
-		testHookAfterMarkRunning = func(string) bool {
-			os.Exit(86)
-			return true
-		}
+	return args
+}
+
+// e2eServerReady finds the bound address in the server's JSON log.
+func e2eServerReady(line []byte) string {
+	var l struct {
+		Msg  string `json:"msg"`
+		Addr string `json:"addr"`
 	}
-	lg := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "listen:", err)
-		os.Exit(2)
+	if json.Unmarshal(line, &l) == nil && l.Msg == "server_started" {
+		return "http://" + l.Addr
 	}
-	s, err := New(Config{Listener: ln, EtcdEndpoints: []string{spec.Etcd}, Prefix: spec.Prefix,
-		TokensFile: spec.TokensFile, ReplicaID: spec.ReplicaID, ElectionTTL: spec.ElectionTTL, Logger: lg})
-	if err == nil {
-		err = s.EnableDispatch(spec.Dispatch)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "server:", err)
-		os.Exit(2)
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := s.Run(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "run:", err)
-		os.Exit(1)
-	}
-	os.Exit(0)
+	return ""
 }
 
 var e2eTokens = map[handlers.Role]string{
@@ -144,7 +122,13 @@ func newE2E(t *testing.T, bin string) *e2e {
 	e.write("agent-token", e2eTokens[handlers.RoleAgent]+"\n")
 	var b [6]byte
 	_, _ = rand.Read(b[:])
-	e.cgroup = "/sys/fs/cgroup/unified/jobfence-e2e-" + hex.EncodeToString(b[:])
+	def, err := isolation.DefaultRoot()
+	if err != nil {
+		t.Skipf("no cgroup2 mount for the agent: %v", err)
+	}
+	// A root of its own, so this agent's startup sweep never touches the
+	// domains of agents other tests run at the same time.
+	e.cgroup = filepath.Join(filepath.Dir(def), "jobfence-e2e-"+hex.EncodeToString(b[:]))
 	tr := &http.Transport{MaxIdleConnsPerHost: 16}
 	e.client = &http.Client{Transport: apitest.Transport(t, tr), Timeout: 30 * time.Second}
 	e.proxy = startE2EProxy(t)
@@ -183,8 +167,11 @@ func (e *e2e) dumpLogs() {
 // removeCgroupRoot removes what an agent left of its root (the domains
 // themselves are removed by the agent; the root directories are not).
 func removeCgroupRoot(root string) {
-	rel := strings.TrimPrefix(root, "/sys/fs/cgroup/unified/")
-	for _, d := range []string{root, "/sys/fs/cgroup/memory/" + rel, "/sys/fs/cgroup/pids/" + rel} {
+	dirs := []string{root}
+	if rel, hybrid := strings.CutPrefix(root, "/sys/fs/cgroup/unified/"); hybrid {
+		dirs = append(dirs, "/sys/fs/cgroup/memory/"+rel, "/sys/fs/cgroup/pids/"+rel)
+	}
+	for _, d := range dirs {
 		entries, _ := os.ReadDir(d)
 		for _, en := range entries {
 			if en.IsDir() {
@@ -266,27 +253,16 @@ type serverOpt func(*e2eServerSpec)
 // server starts one replica on the shared etcd and the cluster's prefix.
 func (e *e2e) server(name string, opts ...serverOpt) *e2eProc {
 	e.t.Helper()
-	dc := DefaultDispatchConfig()
-	dc.Interval = 200 * time.Millisecond
-	dc.DispatchTokenFile = e.dispatch
-	spec := e2eServerSpec{Etcd: etcdtest.Endpoint(), Prefix: e.prefix, TokensFile: e.tokens, ReplicaID: name,
-		ElectionTTL: 2 * time.Second, Dispatch: dc}
+	spec := e2eServerSpec{ReplicaID: name}
 	for _, o := range opts {
 		o(&spec)
 	}
-	raw, _ := json.Marshal(spec)
-	cmd := exec.Command(os.Args[0], "-test.run=^TestE2EServerProcess$", "-test.count=1")
-	cmd.Env = append(os.Environ(), e2eServerEnv+"="+string(raw))
-	p := e.start(name, cmd, func(line []byte) string {
-		var l struct {
-			Msg  string `json:"msg"`
-			Addr string `json:"addr"`
-		}
-		if json.Unmarshal(line, &l) == nil && l.Msg == "server_started" {
-			return "http://" + l.Addr
-		}
-		return ""
-	})
+	cmd := exec.Command(e.bin, e2eServerArgs(spec, e.prefix, e.tokens, e.dispatch)...)
+	cmd.Env = os.Environ()
+	if spec.ExitAfterMarkRunning {
+		cmd.Env = append(cmd.Env, "JOBFENCE_TEST_EXIT_AFTER_MARK_RUNNING=1")
+	}
+	p := e.start(name, cmd, e2eServerReady)
 	e.waitFor("server "+name+" ready", 30*time.Second, func() bool {
 		st, _ := e.callAt(p.base, "GET", "/readyz", "", nil)
 		return st == http.StatusOK
@@ -510,14 +486,14 @@ func (p *e2eProxy) release() {
 	}
 }
 
-func e2eBuild(t *testing.T) string {
+func e2eBuild(t testing.TB) string {
 	t.Helper()
 	goBin, err := exec.LookPath("go")
 	if err != nil {
 		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
 	}
 	bin := filepath.Join(t.TempDir(), "jobfence")
-	out, err := exec.Command(goBin, "build", "-o", bin, "jobfence/cmd/jobfence").CombinedOutput()
+	out, err := exec.Command(goBin, "build", "-tags", "jobfence_testhooks", "-o", bin, "jobfence/cmd/jobfence").CombinedOutput()
 	if err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}

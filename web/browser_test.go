@@ -108,16 +108,20 @@ func signIn(t *testing.T, ctx context.Context, base, token, next string, shot st
 	)
 }
 
+// pollTrue waits, in the page, until expr is truthy or limit passes.
+func pollTrue(expr string, limit time.Duration) chromedp.Action[chromedp.Void] {
+	return chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+		_, err := chromedp.Poll[bool](expr, chromedp.WithPollingTimeout(limit))(ctx, tg)
+		return err
+	})
+}
+
 // waitLive waits until the page's EventSource is connected, so a change made
 // after this point reaches the page.
 func waitLive(t *testing.T, ctx context.Context) {
 	t.Helper()
 	step(t, ctx, "event stream open",
-		chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
-			_, err := chromedp.Poll[bool](`document.body.getAttribute("data-stream") === "open"`,
-				chromedp.WithPollingTimeout(10*time.Second))(ctx, tg)
-			return err
-		}),
+		pollTrue(`document.body.getAttribute("data-stream") === "open"`, 10*time.Second),
 	)
 }
 
@@ -175,17 +179,24 @@ func TestBrowserForceRelease(t *testing.T) {
 	}
 	screenshot(t, ctx, "fences-release-dialog")
 
+	// Escape closes it; the link, reached by keyboard, opens it again.
+	step(t, ctx, "close the dialog with Escape",
+		chromedp.KeyEvent(kb.Escape),
+		pollTrue(`!document.querySelector("`+dialog+`").open`, 5*time.Second),
+	)
+	step(t, ctx, "reopen the dialog from the keyboard",
+		chromedp.Focus(chromedp.CSS(row+` a[data-open-dialog]`)),
+		chromedp.KeyEvent(kb.Enter),
+		chromedp.WaitVisible(chromedp.CSS(dialog)),
+	)
+
 	note := "index checked by hand: build finished, fence safe to drop"
 	step(t, ctx, "type the note and submit with the keyboard",
 		chromedp.SendKeys(chromedp.CSS("#note-"+j.ID), note),
 		chromedp.KeyEvent(kb.Enter),
 	)
 	step(t, ctx, "the fence row disappears",
-		chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
-			_, err := chromedp.Poll[bool](`document.querySelector('`+row+`') === null && !!document.getElementById("main")`,
-				chromedp.WithPollingTimeout(15*time.Second))(ctx, tg)
-			return err
-		}),
+		pollTrue(`document.querySelector('`+row+`') === null && !!document.getElementById("main")`, 15*time.Second),
 	)
 	if !eval[bool](t, ctx, `window.noReloadMarker === true`) {
 		t.Errorf("the page reloaded; it must update in place")
@@ -253,11 +264,7 @@ func TestBrowserLiveJobs(t *testing.T) {
 
 	j := h.admit("warehouse.orders/idx_fresh", "")
 	step(t, ctx, "the admitted job appears within two seconds",
-		chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
-			_, err := chromedp.Poll[bool](`!!document.querySelector('tr[data-job="`+j.ID+`"]')`,
-				chromedp.WithPollingTimeout(2*time.Second))(ctx, tg)
-			return err
-		}),
+		pollTrue(`!!document.querySelector('tr[data-job="`+j.ID+`"]')`, 2*time.Second),
 	)
 	if !eval[bool](t, ctx, `window.noReloadMarker === true`) {
 		t.Errorf("the page reloaded; it must update in place")

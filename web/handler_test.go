@@ -187,8 +187,18 @@ func TestWriteNeedsCSRF(t *testing.T) {
 		t.Fatalf("a refused write changed something: force=%v fenced=%v paused=%v", got.Force, h.fenced(target), h.st.Settings().DispatchPaused)
 	}
 
+	// Without script the release link opens a page with the same form.
+	res, page := op.get(path)
+	if res.StatusCode != http.StatusOK || !strings.Contains(page, `name="note"`) || csrfOf(t, page) != csrf {
+		t.Fatalf("GET %s: %d, want the release form carrying the session's CSRF token", path, res.StatusCode)
+	}
+	// A browser's cross-site form post is refused before any handler runs.
+	if res, _ := op.do("POST", path, url.Values{"csrf": {csrf}, "note": {"n"}}, map[string]string{"Sec-Fetch-Site": "cross-site"}); res.StatusCode != http.StatusForbidden {
+		t.Errorf("cross-site POST: %d, want 403", res.StatusCode)
+	}
+
 	// The same request with the token goes through (no script: 303 to the job).
-	res, _ := op.post(path, url.Values{"csrf": {csrf}, "note": {"checked the index by hand"}})
+	res, _ = op.post(path, url.Values{"csrf": {csrf}, "note": {"checked the index by hand"}})
 	if res.StatusCode != http.StatusSeeOther || res.Header.Get("Location") != "/jobs/"+j.ID {
 		t.Fatalf("release with the token: %d %q, want 303 to the job", res.StatusCode, res.Header.Get("Location"))
 	}
@@ -200,6 +210,10 @@ func TestWriteNeedsCSRF(t *testing.T) {
 		t.Errorf("after release: force=%+v state=%s, want olga's note and the state kept UNKNOWN", got.Force, got.State)
 	}
 	waitFor(t, 5*time.Second, "the fence to leave the read model", func() bool { return !h.fenced(target) })
+
+	if res, _ := op.get(path); res.StatusCode != http.StatusConflict {
+		t.Errorf("GET the release page of a released job: %d, want 409", res.StatusCode)
+	}
 
 	res, _ = op.post("/settings/dispatch", url.Values{"csrf": {csrf}, "paused": {"true"}})
 	if res.StatusCode != http.StatusSeeOther {
@@ -389,5 +403,35 @@ func TestEventsStream(t *testing.T) {
 		if !found {
 			t.Errorf("%s: no event named job %s", mode, j.ID)
 		}
+	}
+}
+
+// TestEventsEndWithSession: a stream opened on a session ends once that
+// session is signed out, so a closed session cannot keep watching.
+func TestEventsEndWithSession(t *testing.T) {
+	h := newHarness(t)
+	c := h.client()
+	csrf := c.login(viewerToken)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", h.srv.URL+"/v1/events", nil)
+	res, err := (&http.Client{Jar: c.jar}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("events: %d", res.StatusCode)
+	}
+	if r, _ := c.post("/logout", url.Values{"csrf": {csrf}}); r.StatusCode != http.StatusSeeOther {
+		t.Fatalf("logout: %d", r.StatusCode)
+	}
+	// The stream ends by itself at the next keep-alive (1s in the harness);
+	// only the test's context bounds the wait.
+	sc := bufio.NewScanner(res.Body)
+	for sc.Scan() {
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("the stream outlived its signed-out session")
 	}
 }

@@ -210,7 +210,10 @@ func (d *Dashboard) writeRefused(w http.ResponseWriter, r *http.Request, status 
 
 // safeNext keeps the post-login redirect on this site.
 func safeNext(next string) string {
-	if next == "" || !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.ContainsAny(next, "\\\r\n") {
+	// Browsers drop tabs and newlines inside URLs, so "/\t/host" would
+	// become "//host": anything unprintable or a space is refused outright.
+	if next == "" || len(next) > 2048 || !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") ||
+		strings.ContainsAny(next, "\\ ") || !printable(next) {
 		return "/"
 	}
 	return next

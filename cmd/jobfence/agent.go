@@ -2,11 +2,14 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"strings"
 	"time"
@@ -35,9 +38,15 @@ func runAgent(ctx context.Context, args []string) error {
 	minRun := fs.Duration("min-run-window", 5*time.Second, "least run time a deadline must fund")
 	defMem := fs.Int64("default-memory", 256<<20, "memory limit in bytes when a job sets none")
 	defPids := fs.Int64("default-pids", 256, "pids limit when a job sets none")
+	tlsCert := fs.String("tls-cert", "", "PEM certificate for the dispatch listener (with --tls-key)")
+	tlsKey := fs.String("tls-key", "", "PEM key for the dispatch listener")
+	tlsCA := fs.String("tls-ca", "", "PEM CA bundle to verify the server's certificate")
 	logFormat := fs.String("log-format", "json", "json or text")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := agentFlagsFromEnv(fs, args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
 		return err
 	}
 	var level slog.Level
@@ -60,6 +69,24 @@ func runAgent(ctx context.Context, args []string) error {
 	if err != nil {
 		errs = append(errs, fmt.Errorf("dispatch-token-file: %w", err))
 	}
+	var listenTLS *tls.Config
+	if *tlsCert != "" || *tlsKey != "" {
+		cert, err := tls.LoadX509KeyPair(*tlsCert, *tlsKey)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("tls-cert/tls-key: %w", err))
+		} else {
+			listenTLS = &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}}
+		}
+	}
+	clientTLS := &tls.Config{MinVersion: tls.VersionTLS12}
+	if *tlsCA != "" {
+		pem, err := os.ReadFile(*tlsCA)
+		pool := x509.NewCertPool()
+		if err != nil || !pool.AppendCertsFromPEM(pem) {
+			errs = append(errs, fmt.Errorf("tls-ca: no PEM certificate in %s (%v)", *tlsCA, err))
+		}
+		clientTLS.RootCAs = pool
+	}
 	if len(errs) > 0 {
 		return errors.Join(errs...)
 	}
@@ -80,8 +107,13 @@ func runAgent(ctx context.Context, args []string) error {
 		Capacity: *capacity, QueueSize: *queueSize, CgroupRoot: *cgroupRoot,
 		ClockSkew: *skew, TermGrace: *grace, ReapBound: *reap, MinRunWindow: *minRun,
 		DefaultMemory: *defMem, DefaultPids: *defPids,
+		TLS:         listenTLS,
 		ReapOrphans: true,
 		Logger:      log,
+		HTTPClient: &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+			Proxy: http.ProxyFromEnvironment, TLSClientConfig: clientTLS,
+			MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second,
+		}},
 	})
 	if err != nil {
 		ln.Close()

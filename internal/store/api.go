@@ -115,7 +115,10 @@ type MarkRunningInput struct {
 
 // Change is one read-model change, for /v1/events and the dashboard.
 type Change struct {
-	Kind     string // "job" | "fence" | "slot" | "agent" | "settings"
+	// "job" | "fence" | "slot" | "agent" | "settings", or "resync": the view
+	// was re-listed (or this subscriber fell behind and lost changes), so
+	// re-read everything.
+	Kind     string
 	ID       string
 	Revision int64
 }
@@ -153,3 +156,12 @@ type Change struct {
 //	(*Store).DowngradeRefresh(ctx, l, id, rev) (*jobs.Job, error)
 //	(*Store).RemoveResolved(ctx, olderThan time.Time, batch int) (removed int, err error)
 //	(*Store).Jobs(filter func(*jobs.Job) bool) []*jobs.Job // read-model scan for the dispatcher
+//
+//	// Also available:
+//	(*Store).CorruptRecords() []CorruptRecord        // what makes admission fail closed (ForceRelease(id) removes one)
+//	(*Store).Relists() uint64                         // re-lists after the first (compaction, watch failure)
+//	(*Store).AdmitAttempts() (attempts, admissions uint64)
+//	ElectionPrefix(prefix string) string
+//	NewElector(cli, prefix, replicaID string, ttl time.Duration) (*Elector, error)
+//	(*Elector).Campaign(ctx) (Leadership, error) / Resign(ctx) error / Done() <-chan struct{} / Close() error
+//	(*Elector).Leader(ctx) (id string, rev int64, err error) // current leader and its election revision

@@ -66,6 +66,11 @@ func (e *Elector) Campaign(ctx context.Context) (Leadership, error) {
 		return Leadership{}, err
 	}
 	if err := el.Campaign(ctx, e.replicaID); err != nil {
+		// A campaign given up ends its session too, so nothing keeps the
+		// lease alive for a replica that stopped campaigning.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_ = e.Resign(rctx)
+		cancel()
 		return Leadership{}, translate(err)
 	}
 	return Leadership{Key: el.Key(), Rev: el.Rev(), ID: e.replicaID}, nil

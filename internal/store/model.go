@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -74,6 +75,9 @@ func decodeJob(id string, value []byte, modRev int64) (*jobs.Job, error) {
 	if j.Result != nil && j.Result.Late == nil {
 		j.Result.Late = []jobs.LateReport{}
 	}
+	if !slices.Contains(jobs.States, j.State) {
+		return nil, fmt.Errorf("record has unknown state %q", j.State)
+	}
 	if !j.Resolved && (j.Target.Scope == "" || j.Target.Name == "") {
 		return &j, errTargetless
 	}
@@ -119,14 +123,14 @@ func (s *Store) applyKV(v *view, key string, value []byte, modRev int64, deleted
 			v.fences[p.target] = string(value)
 		}
 	case kindQuotaGlobal:
-		ch.Kind, ch.ID = "quota", "global"
+		// Quota moves with its job's change; it is not published on its own.
 		if deleted {
 			delete(v.quotaGlobal, p.index)
 		} else {
 			v.quotaGlobal[p.index] = string(value)
 		}
+		return Change{}, nil
 	case kindQuotaScope:
-		ch.Kind, ch.ID = "quota", p.scope
 		m := v.quotaScope[p.scope]
 		if deleted {
 			delete(m, p.index)
@@ -140,6 +144,7 @@ func (s *Store) applyKV(v *view, key string, value []byte, modRev int64, deleted
 			}
 			m[p.index] = string(value)
 		}
+		return Change{}, nil
 	case kindSlot:
 		ch.Kind, ch.ID = "slot", p.agent+"/"+p.id
 		m := v.slots[p.agent]
@@ -285,8 +290,11 @@ func (s *Store) relist(ctx context.Context) (int64, error) {
 }
 
 func (s *Store) watch(ctx context.Context, w clientv3.Watcher, rev int64) error {
-	wctx, cancel := context.WithCancel(ctx)
+	// The watch context carries no values of ctx: progress requests find the
+	// watch's stream by the context's gRPC metadata, and they send none.
+	wctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	defer context.AfterFunc(ctx, cancel)()
 	wch := w.Watch(wctx, s.k.root(), clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithProgressNotify())
 	for resp := range wch {
 		if resp.CompactRevision != 0 {
@@ -369,7 +377,11 @@ func (s *Store) WaitSynced(ctx context.Context, rev int64) error {
 
 func (s *Store) requestProgress(ctx context.Context) {
 	if w := s.watcher.Load(); w != nil {
-		_ = (*w).RequestProgress(ctx)
+		rctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		stop := context.AfterFunc(ctx, cancel)
+		defer stop()
+		_ = (*w).RequestProgress(rctx)
 	}
 }
 

@@ -49,7 +49,8 @@ type Store struct {
 	attempts, admissions atomic.Uint64
 }
 
-// New checks cfg and returns a Store; call Run to feed its view.
+// New checks cfg and returns a Store. Run must be running to feed its view:
+// every write waits until the view has seen it.
 func New(cfg Config) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -74,10 +75,10 @@ func New(cfg Config) (*Store, error) {
 	}
 	return &Store{
 		cfg: cfg, cli: cfg.Client, k: keys{prefix: cfg.Prefix}, log: cfg.Logger,
-		now:     func() time.Time { return cfg.Now().UTC() },
-		v:       newView(),
-		advance: make(chan struct{}),
-		subs:    map[*subscriber]struct{}{},
+		now:      func() time.Time { return cfg.Now().UTC() },
+		v:        newView(),
+		advance:  make(chan struct{}),
+		subs:     map[*subscriber]struct{}{},
 		reserved: map[string]struct{}{}, resFreed: make(chan struct{}),
 	}, nil
 }
@@ -496,4 +497,3 @@ func newJobID() (string, error) {
 	}
 	return u.String(), nil
 }
-

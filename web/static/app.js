@@ -67,6 +67,11 @@
 	var deferred = false;
 	var inflight = false;
 
+	function editing() {
+		var a = document.activeElement;
+		return !!(a && a.closest("#main") && a.matches("input:not([type=hidden]), select, textarea"));
+	}
+
 	function schedule() {
 		if (timer) clearTimeout(timer);
 		timer = setTimeout(refresh, 100);
@@ -74,8 +79,9 @@
 
 	function refresh() {
 		timer = null;
-		// Never pull the form out from under an operator typing a note.
-		if (document.querySelector("dialog[open]")) {
+		// Never pull a form out from under someone typing: an open dialog's
+		// note, or a filter field being edited, waits until they are done.
+		if (document.querySelector("dialog[open]") || editing()) {
 			deferred = true;
 			return;
 		}
@@ -92,7 +98,7 @@
 			.then(function (html) {
 				var next = new DOMParser().parseFromString(html, "text/html").getElementById("main");
 				var cur = document.getElementById("main");
-				if (next && cur && !document.querySelector("dialog[open]")) {
+				if (next && cur && !document.querySelector("dialog[open]") && !editing()) {
 					cur.replaceWith(document.importNode(next, true));
 				} else if (next) {
 					deferred = true;
@@ -103,19 +109,24 @@
 			})
 			.finally(function () {
 				inflight = false;
-				if (deferred && !document.querySelector("dialog[open]")) {
+				if (deferred && !document.querySelector("dialog[open]") && !editing()) {
 					deferred = false;
 					schedule();
 				}
 			});
 	}
 
-	document.addEventListener("close", function () {
+	function resume() {
 		if (deferred) {
 			deferred = false;
 			schedule();
 		}
-	}, true);
+	}
+	document.addEventListener("close", resume, true);
+	document.addEventListener("focusout", function () {
+		// focusout fires before the next element has focus; wait one turn.
+		setTimeout(resume, 0);
+	});
 
 	var es = new EventSource("/v1/events");
 	["job", "fence", "slot", "agent", "settings", "change"].forEach(function (kind) {
