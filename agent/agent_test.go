@@ -121,10 +121,15 @@ func TestDeadlineLadderReportsBeforeDeadline(t *testing.T) {
 	ta := startAgent(t, nil)
 	pidfile := filepath.Join(t.TempDir(), "w.pid")
 	req := ta.dispatch(exe(t), "helper", "log-term", pidfile)
-	// reservation 3.3s + minimum run 0.2s must be funded; the ladder starts
-	// at deadline − 3.3s.
-	req.Deadline = time.Now().Add(4 * time.Second)
+	// The ladder starts at deadline − 3.3s (skew + grace + reap bound); the
+	// run window before it leaves the helper time to install its handler.
+	req.Deadline = time.Now().Add(6300 * time.Millisecond)
+	termAt := req.Deadline.Add(-ta.cfg.reservation())
 	ta.send(t, req)
+	waitPidFile(t, pidfile)
+	if time.Now().After(termAt) {
+		t.Fatal("the helper was not ready before the ladder started; the machine is too slow for this window")
+	}
 	rep := ta.fs.reportFor(t, req.JobID)
 	checkEnvelope(t, req, rep, jobs.CodeKilledDeadline, jobs.PhaseIndeterminateAfterLaunch, jobs.ProofChildReaped)
 	if rep.Env.Signal != "SIGKILL" {

@@ -92,7 +92,7 @@ func encodeJob(j *jobs.Job) ([]byte, error) {
 	return json.Marshal(&c)
 }
 
-// apply folds one key/value (nil value = deleted) into v. It returns the
+// applyKV folds one key/value (nil value = deleted) into v. It returns the
 // change to publish, and errResync for a value that cannot be decoded where
 // a list would have to decide what it means.
 func (s *Store) applyKV(v *view, key string, value []byte, modRev int64, deleted bool) (Change, error) {
@@ -189,6 +189,9 @@ func (s *Store) applyKV(v *view, key string, value []byte, modRev int64, deleted
 		if !deleted {
 			var b struct{ Open bool }
 			if err := json.Unmarshal(value, &b); err != nil {
+				// An unreadable switch keeps admission closed, not open.
+				v.settings.AdmissionOpen = false
+				v.admissionRev = modRev
 				return ch, fmt.Errorf("%w: admission setting: %v", errResync, err)
 			}
 			v.settings.AdmissionOpen = b.Open
@@ -273,7 +276,7 @@ func (s *Store) relist(ctx context.Context) (int64, error) {
 		if _, err := s.applyKV(v, string(kv.Key), kv.Value, kv.ModRevision, false); err != nil {
 			// A broken agent or setting value is logged and skipped; a
 			// broken job is already recorded as corrupt.
-			s.log.Warn("read_model_skip_value", "key_kind", "non_job", "err", err.Error())
+			s.log.Warn("read_model_skip_value", "err", err.Error())
 		}
 	}
 	rev := resp.Header.Revision
