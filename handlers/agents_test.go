@@ -30,7 +30,7 @@ const (
 // agentAPI is the real API over a real store on the test binary's embedded
 // etcd, reached over 127.0.0.1 with answers validated against openapi.yaml.
 type agentAPI struct {
-	t      *testing.T
+	t      testing.TB
 	ctx    context.Context
 	st     *store.Store
 	cli    *clientv3.Client
@@ -39,7 +39,7 @@ type agentAPI struct {
 	client *http.Client
 }
 
-func startAgentAPI(t *testing.T) *agentAPI {
+func startAgentAPI(t testing.TB) *agentAPI {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	cli := etcdtest.New(t)
@@ -347,4 +347,43 @@ func TestPutAgent(t *testing.T) {
 	if a.rev() != before {
 		t.Fatal("a rejected registration wrote to etcd")
 	}
+}
+
+// FuzzResultEndpoint throws arbitrary bodies at the result endpoint of a
+// RUNNING job: the answer is always a client status or 200, never an
+// internal error, and only a 200 may change the job.
+func FuzzResultEndpoint(f *testing.F) {
+	f.Add([]byte(`{"dispatch_revision":1,"invocation_id":"x","agent_epoch":"e","secret":"s","code":"EXIT_COMMITTED","phase":"NATIVE_RETURN","proof":"NONE"}`))
+	f.Add([]byte(`{"secret":"` + strings.Repeat("a", 200) + `"}`))
+	f.Add([]byte(`{"exit_code":-1,"code":"KILLED_OOM","phase":"INDETERMINATE_AFTER_LAUNCH","proof":"CHILD_REAPED"}`))
+	f.Add([]byte(`[]`))
+	f.Add([]byte(`{"detail":"\u0000"}`))
+	f.Add([]byte(`{"Secret":"a","secret":"b"}`))
+	// One API and one RUNNING job serve every input; a server per input
+	// would make the fuzzer crawl.
+	a := startAgentAPI(f)
+	j, _ := a.running("wh/fuzz")
+	f.Fuzz(func(t *testing.T, body []byte) {
+		before, err := a.st.Get(a.ctx, j.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req, _ := http.NewRequest("POST", a.base+"/v1/jobs/"+j.ID+"/result", bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+agentToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		switch resp.StatusCode {
+		case http.StatusOK:
+		case 400, 403, 409, 413, 422:
+			if after, _ := a.st.Get(a.ctx, j.ID); after.Revision != before.Revision {
+				t.Fatalf("answer %d but the job changed", resp.StatusCode)
+			}
+		default:
+			t.Fatalf("answer %d to %q", resp.StatusCode, body)
+		}
+	})
 }

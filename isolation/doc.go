@@ -19,6 +19,12 @@
 //     relative path, which the agent writes the worker into while it is
 //     still parked in the shim, before anything of the command runs.
 //
+// Under systemd, run the agent with Delegate=yes (or Delegate=memory pids)
+// and point the root below its own cgroup, for example
+// /sys/fs/cgroup/system.slice/jobfence-agent.service/domains: the agent then
+// moves itself into a "supervisor" leaf beside the root, because a cgroup
+// that holds processes cannot hand controllers to its children.
+//
 // Anything else is refused: Report.Verified is false with a reason, and Run
 // returns ErrUnverified. There is no unisolated fallback.
 //

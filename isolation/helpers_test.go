@@ -5,6 +5,7 @@ package isolation
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"os/signal"
@@ -56,6 +57,15 @@ func helper(name string, args []string) int {
 	case "exit":
 		n, _ := strconv.Atoi(args[0])
 		return n
+	case "mini-agent": // mini-agent ROOT PIDFILE: run one sleeping domain, never return
+		self, _ := os.Executable()
+		h, err := Open(Config{Root: args[0], ShimPath: self})
+		if err != nil || !h.Report().Verified {
+			return 3
+		}
+		h.Run(context.Background(), Spec{Name: "w", Argv: []string{self, "helper", "sleep"}, MemoryBytes: 64 << 20, Pids: 16,
+			Started: func(pid int) { os.WriteFile(args[1], []byte(strconv.Itoa(pid)+"\n"), 0o600) }})
+		return 4
 	case "sleep":
 		for {
 			time.Sleep(time.Hour)

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -359,4 +360,50 @@ func TestEscapedWorkerIsABreach(t *testing.T) {
 	if alive(pid) {
 		t.Fatalf("escaped worker %d still alive", pid)
 	}
+}
+
+// PDEATHSIG must survive the shim's exec: the worker dies with the process
+// that started it, every time. A shim that execs from another runtime thread
+// loses it in a few percent of launches.
+func TestWorkerDiesWithItsAgent(t *testing.T) {
+	root := testRoot(t)
+	exe := testExe(t)
+	dir := t.TempDir()
+	const n = 25
+	for i := 0; i < n; i++ {
+		pidfile := filepath.Join(dir, "w"+strconv.Itoa(i))
+		cmd := exec.Command(exe, "helper", "mini-agent", root, pidfile)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		var w int
+		for end := time.Now().Add(20 * time.Second); w == 0; time.Sleep(5 * time.Millisecond) {
+			select {
+			case err := <-done:
+				t.Fatalf("mini agent %d ended early: %v", i, err)
+			default:
+			}
+			if b, err := os.ReadFile(pidfile); err == nil && strings.HasSuffix(string(b), "\n") {
+				w, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+			}
+			if time.Now().After(end) {
+				t.Fatalf("mini agent %d started no worker", i)
+			}
+		}
+		cmd.Process.Kill()
+		<-done
+		for end := time.Now().Add(10 * time.Second); alive(w); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatalf("launch %d of %d: worker %d outlived its agent", i+1, n, w)
+			}
+		}
+	}
+	// The last agent's domain is a leftover for the next Open to sweep.
+	h, err := Open(Config{Root: root, ShimPath: exe})
+	if err != nil || len(h.Swept()) != 1 {
+		t.Fatalf("final sweep: %v %v", err, h.Swept())
+	}
+	h.Close()
 }

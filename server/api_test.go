@@ -462,10 +462,15 @@ func TestAPISettingsStatusAndRouting(t *testing.T) {
 			t.Errorf("%s: %d", p, r.status)
 		}
 	}
-	for _, p := range []string{"/v1/agents", "/v1/slots"} {
-		if r := h.do("GET", p, handlers.RoleViewer, nil); r.status != 200 {
-			t.Errorf("%s: %d", p, r.status)
-		}
+	reg := `{"address":"http://127.0.0.1:9","epoch":"e1","capacity":2,"isolation":{"mode":"cgroup","verified":true,"detail":"ok"}}`
+	if r := h.do("PUT", "/v1/agents/agent-7", handlers.RoleAgent, reg); r.status != 200 {
+		t.Errorf("agent registration: %d %s", r.status, r.body)
+	}
+	pollUntil(t, "the agent in /v1/agents", func() bool {
+		return strings.Contains(string(h.do("GET", "/v1/agents", handlers.RoleViewer, nil).body), `"id":"agent-7"`)
+	})
+	if r := h.do("GET", "/v1/slots", handlers.RoleViewer, nil); r.status != 200 {
+		t.Errorf("slots: %d", r.status)
 	}
 	if r := h.do("GET", "/v1/jobs?limit=0&resolved=maybe", handlers.RoleViewer, nil); r.status != 422 {
 		t.Errorf("bad list query: %d %s", r.status, r.body)
@@ -475,9 +480,24 @@ func TestAPISettingsStatusAndRouting(t *testing.T) {
 	}
 }
 
-// The event stream names a change after an admission.
+// The event stream names a change after an admission, served by the
+// dashboard's stream (bearer or session) or, without a dashboard, by the API's.
 func TestAPIEventsStream(t *testing.T) {
-	h := startAPI(t, nil)
+	for _, noDashboard := range []bool{false, true} {
+		t.Run(fmt.Sprintf("no_dashboard=%v", noDashboard), func(t *testing.T) {
+			testEventsStream(t, noDashboard)
+		})
+	}
+}
+
+func testEventsStream(t *testing.T, noDashboard bool) {
+	h := startAPI(t, func(c *Config) { c.NoDashboard = noDashboard })
+	if r := h.do("GET", "/v1/events", "", nil); r.status != http.StatusUnauthorized {
+		t.Errorf("events without a token: %d", r.status)
+	}
+	if r := h.do("GET", "/v1/events", handlers.RoleAgent, nil); r.status != http.StatusForbidden {
+		t.Errorf("events with an agent token: %d", r.status)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "GET", h.base+"/v1/events", nil)

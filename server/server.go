@@ -1,7 +1,3 @@
-// Package server is jobfence's composition root: it connects to etcd
-// (embedded or external), runs the store's read model, campaigns for
-// leadership (running the dispatcher hook while elected), serves the HTTP API
-// and shuts all of it down in a written order.
 package server
 
 import (
@@ -189,7 +185,9 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		ReplicaID: cfg.ReplicaID,
 		Leader:    s.leader.get,
 		Ready: func(ctx context.Context) error {
-			_, err := cli.Get(ctx, cfg.Prefix+"/readyz", clientv3.WithCountOnly())
+			// A linearizable read needs a quorum; one key of our own prefix
+			// keeps it cheap whatever the data size.
+			_, err := cli.Get(ctx, cfg.Prefix+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(1))
 			return err
 		},
 		OpenAPI:  jobfence.OpenAPI,

@@ -166,3 +166,10 @@ func (v *validating) checkProblem(resp *http.Response, body []byte) error {
 	}
 	return nil
 }
+
+// CloseIdleConnections lets http.Client.CloseIdleConnections reach base.
+func (v *validating) CloseIdleConnections() {
+	if c, ok := v.base.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
