@@ -31,7 +31,7 @@ type LeaderInfo struct {
 	ElectionRevision int64
 }
 
-// Config wires an API. Store, Auth and Logger are required.
+// Config wires an API. Store and Auth are required; a nil Logger discards.
 type Config struct {
 	Store    *store.Store
 	Auth     *Auth
@@ -173,9 +173,8 @@ func WriteJSON(w http.ResponseWriter, status int, v any) error {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
-	_, err = w.Write(body)
-	// The status is on the wire: a failed write cannot become a problem answer.
-	_ = err
+	// A failed write cannot become a problem answer: the status is on the wire.
+	_, _ = w.Write(body)
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -104,7 +105,7 @@ func Unmarshal(body []byte, v any) error {
 func malformed(err error) error {
 	var se *json.SemanticError
 	if errors.As(err, &se) {
-		field := string(se.JSONPointer)
+		field := fieldName(se.JSONPointer)
 		switch {
 		case errors.Is(se.Err, json.ErrUnknownName):
 			return &problem.MalformedError{Field: field, Reason: "unknown field"}
@@ -116,7 +117,7 @@ func malformed(err error) error {
 	}
 	var sy *jsontext.SyntacticError
 	if errors.As(err, &sy) {
-		field := string(sy.JSONPointer)
+		field := fieldName(sy.JSONPointer)
 		switch {
 		case errors.Is(sy.Err, jsontext.ErrDuplicateName):
 			return &problem.MalformedError{Field: field, Reason: "duplicate field"}
@@ -128,6 +129,23 @@ func malformed(err error) error {
 		return &problem.MalformedError{Reason: "truncated JSON"}
 	}
 	return &problem.MalformedError{Reason: "invalid JSON"}
+}
+
+// fieldName spells a JSON pointer the way validation errors name fields
+// (/limits/pids -> limits.pids, /command/0 -> command[0]).
+func fieldName(p jsontext.Pointer) string {
+	var b strings.Builder
+	for tok := range p.Tokens() {
+		if _, err := strconv.Atoi(tok); err == nil && b.Len() > 0 {
+			b.WriteString("[" + tok + "]")
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteByte('.')
+		}
+		b.WriteString(tok)
+	}
+	return b.String()
 }
 
 func kindName(k jsontext.Kind) string {

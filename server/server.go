@@ -6,10 +6,13 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -205,7 +208,9 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		WriteTimeout:      cfg.WriteTimeout,
 		IdleTimeout:       cfg.IdleTimeout,
 		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          nil,
+		// net/http's own complaints (bad requests, handshake failures) go to
+		// the injected logger, not the process's default log.
+		ErrorLog: log.New(httpErrorLog{lg}, "", 0),
 	}
 
 	s.mu.Lock()
@@ -277,4 +282,13 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	lg.Info("server_stopped", "replica_id", cfg.ReplicaID)
 	// 5: etcd closes in the deferred closeEtcd.
 	return runErr
+}
+
+// httpErrorLog turns net/http's free-text complaints into one constant
+// message with the text as an attribute.
+type httpErrorLog struct{ lg *slog.Logger }
+
+func (h httpErrorLog) Write(p []byte) (int, error) {
+	h.lg.Warn("http_server_error", "detail", strings.TrimSpace(string(p)))
+	return len(p), nil
 }

@@ -325,3 +325,49 @@ func TestConcurrentRegistrationAndLogging(t *testing.T) {
 		t.Error("permanently registered value leaked")
 	}
 }
+
+func TestZeroRedactorIsUsable(t *testing.T) {
+	var r Redactor
+	if got := r.String("x" + lateSecret); got != "x"+lateSecret {
+		t.Errorf("empty redactor changed text: %q", got)
+	}
+	r.Add(lateSecret)
+	if got := r.String("x" + lateSecret); got != "x"+Redacted {
+		t.Errorf("zero-value redactor after Add: %q", got)
+	}
+	var nilRed *Redactor
+	var out bytes.Buffer
+	lg, _ := New(Config{Writer: &out}, nilRed)
+	lg.Info("m", "token", "unregistered-token-aaaa", "job_id", "j1")
+	if strings.Contains(out.String(), "unregistered-token-aaaa") || !strings.Contains(out.String(), "j1") {
+		t.Errorf("nil redactor: %s", out.String())
+	}
+}
+
+func TestRingWakesWaiters(t *testing.T) {
+	var out bytes.Buffer
+	lg, ring := New(Config{Writer: &out}, nil)
+	first := ring.Updated()
+	if again := ring.Updated(); again != first {
+		t.Fatal("two waiters before a record got different channels")
+	}
+	select {
+	case <-first:
+		t.Fatal("woken before any record")
+	default:
+	}
+	done := make(chan []Record)
+	go func() {
+		<-first
+		done <- ring.Since(0)
+	}()
+	lg.Info("job_admitted", "job_id", "j1")
+	if recs := <-done; len(recs) != 1 || recs[0].Message != "job_admitted" {
+		t.Fatalf("woken waiter read %+v", recs)
+	}
+	select {
+	case <-ring.Updated():
+		t.Fatal("a fresh channel was already closed")
+	default:
+	}
+}

@@ -23,7 +23,8 @@ const MinSecretLen = 6
 // Redactor holds the secret values known at run time (tokens, dispatch
 // secrets, credential values). Values are reference counted: two components
 // may register the same credential, and one Remove must not expose it while
-// the other still holds it. A nil *Redactor drops secret keys only.
+// the other still holds it. The zero value is ready to use; a nil *Redactor
+// drops secret keys only.
 type Redactor struct {
 	mu     sync.Mutex
 	counts map[string]int
@@ -34,8 +35,7 @@ type Redactor struct {
 
 // NewRedactor returns a Redactor that already knows values.
 func NewRedactor(values ...string) *Redactor {
-	r := &Redactor{counts: map[string]int{}}
-	r.set.Store(&secretSet{})
+	r := &Redactor{}
 	r.Add(values...)
 	return r
 }
@@ -44,6 +44,9 @@ func NewRedactor(values ...string) *Redactor {
 func (r *Redactor) Add(values ...string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.counts == nil {
+		r.counts = map[string]int{}
+	}
 	changed := false
 	for _, v := range values {
 		if len(v) < MinSecretLen {
@@ -102,11 +105,16 @@ func (r *Redactor) rebuild() {
 	r.set.Store(&secretSet{values: vs})
 }
 
+var noSecrets = &secretSet{}
+
 func (r *Redactor) load() *secretSet {
 	if r == nil {
-		return &secretSet{}
+		return noSecrets
 	}
-	return r.set.Load()
+	if s := r.set.Load(); s != nil {
+		return s
+	}
+	return noSecrets
 }
 
 // IsSecretKey reports whether an attribute with this key is dropped whatever

@@ -36,6 +36,7 @@ type Ring struct {
 	next int
 	full bool
 	seq  uint64
+	wake chan struct{}
 }
 
 // NewRing returns a ring that keeps size records (DefaultRingSize when size <= 0).
@@ -60,6 +61,21 @@ func (r *Ring) add(rec Record) {
 		r.next = 0
 		r.full = true
 	}
+	if r.wake != nil {
+		close(r.wake)
+		r.wake = nil
+	}
+}
+
+// Updated returns a channel closed when the next record is kept, so a live
+// view (the dashboard's event stream) waits instead of polling.
+func (r *Ring) Updated() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.wake == nil {
+		r.wake = make(chan struct{})
+	}
+	return r.wake
 }
 
 // Recent returns up to n of the newest records, oldest first. n <= 0 means all.
