@@ -97,6 +97,16 @@ type DispatcherOptions struct {
 // Dispatcher is the leader's loop: deadline sweep, epoch sweep, refresh
 // driver, dispatch, in that order every Config.Interval, plus retention.
 // One Dispatcher serves successive terms of leadership, never two at once.
+//
+// At most once rests on three things. markRunning commits the dispatch
+// identity (a fresh invocation id, the secret's hash, the agent epoch read
+// once) before the only send, and a job is never sent from any other
+// state, so no path resends. A send whose fate is unknown is settled only by
+// the agent's tombstone (proof it never ran) or by the deadline (UNKNOWN),
+// never by sending again. And every write compares the election key, so a
+// deposed leader changes nothing; a send it may still make either reaches
+// the agent before its successor's tombstone query (which then waits for
+// the report) or after it (and is refused as invocation-tombstoned).
 type Dispatcher struct {
 	cfg     DispatchConfig
 	store   DispatchStore
@@ -621,13 +631,12 @@ func (d *Dispatcher) setBlocked(id, reason string) {
 		d.blocked[id] = reason
 	}
 	d.mu.Unlock()
-	if !changed {
-		return
-	}
-	if reason != "" {
+	if changed && reason != "" {
 		d.log.Info("job_blocked", "job_id", id, "reason", reason)
 	}
-	if sink, ok := d.store.(blockedReasonSink); ok {
+	// Set every round, not only on change: a re-list of the read model
+	// replaces the job objects the reason was shown on.
+	if sink, ok := d.store.(blockedReasonSink); ok && (changed || reason != "") {
 		sink.SetBlockedReason(id, reason)
 	}
 }

@@ -832,3 +832,48 @@ func TestRunLeavesNoGoroutines(t *testing.T) {
 		t.Fatalf("refresh %s, want RUNNING left for the next leader", got.RefreshState)
 	}
 }
+
+// recordingStore adds the read-model seam that shows blocked reasons on
+// the job, recording what the dispatcher sets.
+type recordingStore struct {
+	*store.Store
+	mu      sync.Mutex
+	reasons map[string]string
+}
+
+func (r *recordingStore) SetBlockedReason(id, reason string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.reasons[id] = reason
+}
+
+func (r *recordingStore) reason(id string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.reasons[id]
+}
+
+func TestBlockedReasonReachesTheReadModelSeam(t *testing.T) {
+	h := newHarness(t, nil)
+	rs := &recordingStore{Store: h.st, reasons: map[string]string{}}
+	d, err := NewDispatcher(DispatcherOptions{Config: h.cfg, Store: rs, Agents: h.agents, Now: h.clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.d = d
+	h.tm = h.newTerm()
+	j := h.admit("wh/seam", withCredentials("absent"))
+	h.round()
+	if r := rs.reason(j.ID); !strings.Contains(r, "credentials") {
+		t.Fatalf("reason %q", r)
+	}
+	// The term's end clears what a follower could not keep up to date.
+	ctx, cancel := context.WithCancel(h.ctx)
+	cancel()
+	if err := d.Run(ctx, h.l); err != nil {
+		t.Fatal(err)
+	}
+	if r := rs.reason(j.ID); r != "" {
+		t.Fatalf("reason %q kept after the term", r)
+	}
+}

@@ -129,6 +129,12 @@ func TestEndToEnd(t *testing.T) {
 		if j := e.job(id); j.Revision != done.Revision {
 			t.Fatal("a duplicate changed the job")
 		}
+		_, answers := e.call("GET", "/v1/jobs/"+id, viewer, nil)
+		for what, text := range map[string]string{"etcd": e.etcdDump(), "server logs": e.procs[0].logs.String(), "job JSON": string(answers)} {
+			if strings.Contains(text, d.Secret) {
+				t.Errorf("the dispatch secret appears in the %s", what)
+			}
+		}
 	})
 
 	// Must-show 4: kill -9 the agent mid-job. The deadline makes the job
