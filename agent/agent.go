@@ -38,6 +38,9 @@ type Agent struct {
 	mu          sync.Mutex
 	invocations map[string]*invocation
 
+	secretsMu sync.Mutex
+	recent    []string
+
 	ready chan struct{}
 }
 
@@ -246,6 +249,7 @@ func (a *Agent) handleDispatch(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return
 	}
+	a.learnSecrets(&req)
 	if req.AgentEpoch != a.epoch {
 		a.refuse(w, r, RefusalEpochMismatch, "agent_epoch is not this agent process's epoch", &req)
 		return

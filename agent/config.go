@@ -15,6 +15,8 @@ import (
 	"net/url"
 	"regexp"
 	"time"
+
+	"jobfence/internal/logging"
 )
 
 // Config is one agent process. Zero durations and sizes take the defaults
@@ -66,8 +68,12 @@ type Config struct {
 	ReapOrphans bool
 	// HTTPClient talks to the server; default one with a 10s timeout.
 	HTTPClient *http.Client
-	Logger     *slog.Logger
-	Now        func() time.Time
+	// Secrets, when set, learns the secret and credential values of every
+	// dispatch received, before any check can log about it; Logger should
+	// be built on it (internal/logging) so no record shows them.
+	Secrets *logging.Redactor
+	Logger  *slog.Logger
+	Now     func() time.Time
 }
 
 const (

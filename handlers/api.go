@@ -19,6 +19,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"jobfence/internal/metrics"
 	"jobfence/internal/problem"
 	"jobfence/internal/store"
 	"jobfence/jobs"
@@ -55,6 +56,15 @@ type Config struct {
 	// Events, when set, serves GET /v1/events instead of the API's own
 	// bearer-only stream (the dashboard's also accepts its session cookie).
 	Events http.Handler
+	// Admissions counts every authorized POST /v1/jobs by outcome; nil
+	// counts nothing. *metrics.Server is one.
+	Admissions AdmissionRecorder
+}
+
+// AdmissionRecorder receives one outcome label (a metrics.Admission* value)
+// per submission.
+type AdmissionRecorder interface {
+	AdmissionOutcome(outcome string)
 }
 
 // API serves the REST routes. Build it with New.
@@ -68,12 +78,13 @@ type API struct {
 	// Events replaces the API's own /v1/events stream when set.
 	Events http.Handler
 
-	replicaID string
-	leader    func() LeaderInfo
-	ready     func(ctx context.Context) error
-	openAPI   []byte
-	registry  *prometheus.Registry
-	requests  *prometheus.CounterVec
+	replicaID  string
+	leader     func() LeaderInfo
+	ready      func(ctx context.Context) error
+	openAPI    []byte
+	registry   *prometheus.Registry
+	requests   *prometheus.CounterVec
+	admissions AdmissionRecorder
 
 	// streams is closed by CloseStreams so long-lived event streams end
 	// before graceful shutdown waits for in-flight requests.
@@ -104,19 +115,20 @@ func New(cfg Config) *API {
 		}
 	}
 	a := &API{
-		Store:     cfg.Store,
-		Auth:      cfg.Auth,
-		Logger:    lg,
-		Defaults:  cfg.Defaults,
-		Web:       cfg.Web,
-		Events:    cfg.Events,
-		replicaID: cfg.ReplicaID,
-		leader:    cfg.Leader,
-		ready:     cfg.Ready,
-		openAPI:   cfg.OpenAPI,
-		registry:  reg,
-		requests:  requests,
-		streams:   make(chan struct{}),
+		Store:      cfg.Store,
+		Auth:       cfg.Auth,
+		Logger:     lg,
+		Defaults:   cfg.Defaults,
+		Web:        cfg.Web,
+		Events:     cfg.Events,
+		replicaID:  cfg.ReplicaID,
+		leader:     cfg.Leader,
+		ready:      cfg.Ready,
+		openAPI:    cfg.OpenAPI,
+		registry:   reg,
+		requests:   requests,
+		admissions: cfg.Admissions,
+		streams:    make(chan struct{}),
 	}
 	return a
 }
@@ -264,4 +276,47 @@ func (a *API) observe(next http.Handler) http.Handler {
 		}()
 		next.ServeHTTP(sw, r)
 	})
+}
+
+// countAdmission records the outcome of one submission. Requests refused
+// before the submitter role was proven are not submissions and are not
+// counted; a 200 is a replay of an earlier admission.
+func (a *API) countAdmission(h HandlerFunc) HandlerFunc {
+	if a.admissions == nil {
+		return h
+	}
+	return func(w http.ResponseWriter, r *http.Request) error {
+		sw := &statusWriter{ResponseWriter: w}
+		err := h(sw, r)
+		var outcome string
+		switch {
+		case err == nil && sw.status == http.StatusOK:
+			outcome = metrics.AdmissionReplayed
+		case err == nil:
+			outcome = metrics.AdmissionAdmitted
+		case errors.Is(err, problem.ErrUnauthenticated) || errors.Is(err, problem.ErrForbidden):
+			return err
+		default:
+			outcome = metrics.AdmissionOutcomeOf(err)
+			if outcome == metrics.AdmissionError && badInput(err) {
+				outcome = metrics.AdmissionInvalid
+			}
+		}
+		a.admissions.AdmissionOutcome(outcome)
+		return err
+	}
+}
+
+// badInput reports whether err rejected the request body or headers
+// (400, 413, 415, 422) rather than failing inside the server.
+func badInput(err error) bool {
+	p, internal := problem.From(err)
+	if internal {
+		return false
+	}
+	switch p.Status {
+	case http.StatusBadRequest, http.StatusRequestEntityTooLarge, http.StatusUnsupportedMediaType, http.StatusUnprocessableEntity:
+		return true
+	}
+	return false
 }

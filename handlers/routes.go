@@ -32,7 +32,7 @@ func (a *API) Routes() chi.Router {
 
 	r.Route("/v1", func(r chi.Router) {
 		r.NotFound(notFound)
-		r.Post("/jobs", a.Handle(a.Require(RoleSubmitter, a.admitJob)))
+		r.Post("/jobs", a.Handle(a.countAdmission(a.Require(RoleSubmitter, a.admitJob))))
 		r.Get("/jobs", a.Handle(a.Require(RoleViewer, a.listJobs)))
 		r.Get("/jobs/{id}", a.Handle(a.Require(RoleViewer, a.getJob)))
 		r.Post("/jobs/{id}/cancel", a.Handle(a.Require(RoleSubmitter, a.cancelJob)))

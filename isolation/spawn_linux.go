@@ -60,7 +60,7 @@ type worker struct {
 	statusR *os.File
 }
 
-var devNull = sync.OnceValues(func() (*os.File, error) { return os.Open(os.DevNull) })
+var devNull = sync.OnceValues(func() (*os.File, error) { return os.OpenFile(os.DevNull, os.O_RDWR, 0) })
 
 // startShim forks the shim into the domain's v2 cgroup at birth.
 func startShim(d *domain, shimPath string, shimArgs []string, stdout, stderr *os.File) (*worker, error) {

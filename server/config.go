@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"strings"
 	"time"
 
+	"jobfence/internal/logging"
 	"jobfence/internal/store"
 	"jobfence/jobs"
 )
@@ -36,6 +38,22 @@ type Config struct {
 	EtcdCA, EtcdCert, EtcdKey string
 	// Prefix namespaces every key (default /jobfence).
 	Prefix string
+
+	// EtcdName, EtcdPeerURL, EtcdClientURL, EtcdInitialCluster and
+	// EtcdClusterState make the embedded member one of a cluster (etcd's own
+	// --name, --listen/advertise-peer-urls, --listen/advertise-client-urls,
+	// --initial-cluster, --initial-cluster-state). Empty: a single member on
+	// free 127.0.0.1 ports. Unused with EtcdEndpoints.
+	EtcdName, EtcdPeerURL, EtcdClientURL, EtcdInitialCluster string
+	// EtcdClusterState is "new" (default) or "existing" (joining a cluster
+	// that already runs, after `etcdctl member add`).
+	EtcdClusterState string
+
+	// TLSCert and TLSKey serve the HTTP listener over TLS (both or neither).
+	TLSCert, TLSKey string
+	// TLSCA verifies agents' certificates when dispatching; empty uses the
+	// system roots.
+	TLSCA string
 
 	// TokensFile is the JSON array of {subject, role, token}; required.
 	TokensFile string
@@ -66,6 +84,11 @@ type Config struct {
 	// NoDashboard leaves the operator pages out (only the JSON API and the
 	// operational endpoints are served).
 	NoDashboard bool
+
+	// Redactor holds the secret values scrubbed from every log record; New
+	// adds the tokens of TokensFile. Logger should be built on it
+	// (logging.New); nil: New makes one that only this server's parts feed.
+	Redactor *logging.Redactor
 
 	Logger *slog.Logger
 	Now    func() time.Time
@@ -146,6 +169,9 @@ func (c *Config) ApplyDefaults() {
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = 10 * time.Second
 	}
+	if c.Redactor == nil {
+		c.Redactor = logging.NewRedactor()
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -179,6 +205,33 @@ func (c *Config) Validate() error {
 	}
 	if len(c.EtcdEndpoints) == 0 && (c.EtcdCA != "" || c.EtcdCert != "") {
 		bad("etcd-ca, etcd-cert and etcd-key need etcd-endpoints")
+	}
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		bad("tls-cert and tls-key go together")
+	}
+	embedded := c.EtcdName != "" || c.EtcdPeerURL != "" || c.EtcdClientURL != "" || c.EtcdInitialCluster != "" || c.EtcdClusterState != ""
+	if embedded && len(c.EtcdEndpoints) > 0 {
+		bad("etcd-name, etcd-peer-url, etcd-client-url, etcd-initial-cluster and etcd-initial-cluster-state configure the embedded member: not with etcd-endpoints")
+	}
+	for name, u := range map[string]string{"etcd-peer-url": c.EtcdPeerURL, "etcd-client-url": c.EtcdClientURL} {
+		if u == "" {
+			continue
+		}
+		if p, err := url.Parse(u); err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
+			bad("%s %q is not an http(s)://host:port URL", name, u)
+		}
+	}
+	if c.EtcdInitialCluster != "" {
+		if c.EtcdName == "" || c.EtcdPeerURL == "" {
+			bad("etcd-initial-cluster needs etcd-name and etcd-peer-url")
+		} else if !strings.Contains(","+c.EtcdInitialCluster+",", ","+c.EtcdName+"="+c.EtcdPeerURL+",") {
+			bad("etcd-initial-cluster must list this member as %s=%s", c.EtcdName, c.EtcdPeerURL)
+		}
+	}
+	switch c.EtcdClusterState {
+	case "", "new", "existing":
+	default:
+		bad("etcd-initial-cluster-state %q: want new or existing", c.EtcdClusterState)
 	}
 	if !strings.HasPrefix(c.Prefix, "/") || strings.HasSuffix(c.Prefix, "/") {
 		bad("prefix %q must start with / and not end with /", c.Prefix)

@@ -16,6 +16,7 @@ import (
 	"github.com/google/uuid"
 
 	"jobfence/agent"
+	"jobfence/internal/metrics"
 	"jobfence/internal/store"
 	"jobfence/jobs"
 )
@@ -92,6 +93,8 @@ type DispatcherOptions struct {
 	Now func() time.Time
 	// RefreshClient calls refresh hooks; nil = a client with Config.RefreshTimeout.
 	RefreshClient *http.Client
+	// Phases receives each round phase's duration; nil records nothing.
+	Phases PhaseRecorder
 }
 
 // Dispatcher is the leader's loop: deadline sweep, epoch sweep, refresh
@@ -115,6 +118,7 @@ type Dispatcher struct {
 	now     func() time.Time
 	refresh *http.Client
 	creds   *credentialProfiles
+	phases  PhaseRecorder
 
 	// afterMarkRunning, when set, runs between a committed markRunning and
 	// the re-read; returning true abandons the send as a crash would. Only
@@ -155,6 +159,7 @@ func NewDispatcher(o DispatcherOptions) (*Dispatcher, error) {
 		log:              o.Logger,
 		now:              o.Now,
 		refresh:          o.RefreshClient,
+		phases:           o.Phases,
 		creds:            newCredentialProfiles(o.Config.CredentialsFile, o.Logger),
 		afterMarkRunning: testHookAfterMarkRunning,
 		blocked:          map[string]string{},
@@ -266,22 +271,26 @@ func (d *Dispatcher) takeOver(ctx context.Context, t *term) error {
 // it; a failing job is logged and left for the next round.
 func (d *Dispatcher) round(ctx context.Context, t *term) error {
 	now := d.now()
-	if err := d.deadlineSweep(ctx, t, now); err != nil {
-		return err
+	phases := []struct {
+		name string
+		run  func() error
+	}{
+		{metrics.PhaseDeadline, func() error { return d.deadlineSweep(ctx, t, now) }},
+		{metrics.PhaseEpoch, func() error { return d.epochSweep(ctx, t) }},
+		{metrics.PhaseRefresh, func() error { return d.refreshPhase(ctx, t, now) }},
+		{metrics.PhaseSettle, func() error { return d.settlePhase(ctx, t) }},
+		{metrics.PhaseDispatch, func() error { return d.dispatchPhase(ctx, t) }},
+		{metrics.PhaseRetention, func() error { return d.retentionPhase(ctx, t, now) }},
 	}
-	if err := d.epochSweep(ctx, t); err != nil {
-		return err
+	for _, p := range phases {
+		start := time.Now()
+		err := p.run()
+		observePhase(d.phases, p.name, start)
+		if err != nil {
+			return err
+		}
 	}
-	if err := d.refreshPhase(ctx, t, now); err != nil {
-		return err
-	}
-	if err := d.settlePhase(ctx, t); err != nil {
-		return err
-	}
-	if err := d.dispatchPhase(ctx, t); err != nil {
-		return err
-	}
-	return d.retentionPhase(ctx, t, now)
+	return nil
 }
 
 // fatal reports whether err ends the term.
@@ -651,9 +660,13 @@ func (d *Dispatcher) pruneBlocked(pending []*jobs.Job) {
 	for _, j := range pending {
 		live[j.ID] = true
 	}
+	sink, _ := d.store.(blockedReasonSink)
 	for id := range d.blocked {
 		if !live[id] {
 			delete(d.blocked, id)
+			if sink != nil {
+				sink.SetBlockedReason(id, "")
+			}
 		}
 	}
 }

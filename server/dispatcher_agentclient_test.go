@@ -94,6 +94,7 @@ func TestAgentClientSortsAnswers(t *testing.T) {
 		{"untyped problem", fakeAgentServer{status: http.StatusBadRequest, slug: "malformed"}, "", false},
 		{"wrong token", fakeAgentServer{status: http.StatusUnauthorized, slug: "unauthenticated"}, "", false},
 		{"ok is not accepted", fakeAgentServer{status: http.StatusOK, body: "{}"}, "", false},
+		{"refusal slug with another status", fakeAgentServer{status: http.StatusInternalServerError, slug: "queue-full"}, "", false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -877,3 +877,30 @@ func TestBlockedReasonReachesTheReadModelSeam(t *testing.T) {
 		t.Fatalf("reason %q kept after the term", r)
 	}
 }
+
+type phaseLog struct {
+	mu    sync.Mutex
+	names []string
+}
+
+func (p *phaseLog) ObservePhase(phase string, _ time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.names = append(p.names, phase)
+}
+
+func TestRoundRunsItsPhasesInOrder(t *testing.T) {
+	h := newHarness(t, nil)
+	pl := &phaseLog{}
+	d, err := NewDispatcher(DispatcherOptions{Config: h.cfg, Store: h.st, Agents: h.agents, Now: h.clock.Now, Phases: pl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.d = d
+	h.tm = h.newTerm()
+	h.round()
+	want := "deadline epoch refresh settle dispatch retention"
+	if got := strings.Join(pl.names, " "); got != want {
+		t.Fatalf("phases %q, want %q", got, want)
+	}
+}

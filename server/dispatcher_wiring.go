@@ -33,7 +33,11 @@ func (s *Server) EnableDispatch(dc DispatchConfig) error {
 				derr = errors.New("dispatcher: the store is not open")
 				return
 			}
-			d, derr = NewDispatcher(DispatcherOptions{Config: dc, Store: st, Agents: client, Logger: lg, Now: s.cfg.Now})
+			opts := DispatcherOptions{Config: dc, Store: st, Agents: s.InstrumentAgents(client), Logger: lg, Now: s.cfg.Now}
+			if m := s.Metrics(); m != nil {
+				opts.Phases = m
+			}
+			d, derr = NewDispatcher(opts)
 		})
 		if derr != nil {
 			return derr

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"time"
 )
 
@@ -89,18 +88,4 @@ func RegisterDispatchFlags(fs *flag.FlagSet, c *DispatchConfig) {
 	fs.DurationVar(&c.RefreshRetry, "refresh-retry", c.RefreshRetry, "least time between two attempts of a FAILED refresh")
 	fs.DurationVar(&c.Retention, "retention", c.Retention, "how long resolved jobs are kept")
 	fs.StringVar(&c.DispatchTokenFile, "dispatch-token-file", c.DispatchTokenFile, "file holding the token the server presents to agents")
-}
-
-// NewDispatcherFor builds the dispatcher a replica runs while it leads: the
-// agent client presents the token read from cfg.DispatchTokenFile. The
-// server passes the returned Dispatcher's Run as its leader hook.
-func NewDispatcherFor(cfg DispatchConfig, st DispatchStore, lg *slog.Logger) (*Dispatcher, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	client, err := NewHTTPAgentClient(cfg.DispatchTokenFile)
-	if err != nil {
-		return nil, err
-	}
-	return NewDispatcher(DispatcherOptions{Config: cfg, Store: st, Agents: client, Logger: lg})
 }

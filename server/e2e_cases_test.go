@@ -144,9 +144,10 @@ func TestEndToEnd(t *testing.T) {
 		e := newE2E(t, bin)
 		srv := e.server("s1")
 		ag := e.agent("a1", srv, 1)
-		id := e.submit(shJob("wh/killed", "sleep 60", 6, nil))
+		marker := fmt.Sprintf("e2e-killed-%d", time.Now().UnixNano())
+		id := e.submit(shJob("wh/killed", "sleep 60; : "+marker, 6, nil))
 		e.waitJob(id, "RUNNING", 20*time.Second, func(j *jobs.Job) bool { return j.State == jobs.Running })
-		e.waitFor("the worker started", 20*time.Second, func() bool { return strings.Contains(ag.logs.String(), "dispatch accepted") })
+		e.waitFor("the command running", 20*time.Second, func() bool { return len(processesWith(marker)) > 0 })
 		ag.kill()
 		j := e.waitJob(id, "UNKNOWN at the deadline", 30*time.Second, func(j *jobs.Job) bool { return j.State.Terminal() })
 		if j.State != jobs.Unknown || j.Result.Code != jobs.CodeNoTrustedResult || !j.Slot.Held || e.fences() != 1 {
@@ -154,6 +155,11 @@ func TestEndToEnd(t *testing.T) {
 		}
 		oldEpoch := j.Dispatch.AgentEpoch
 		e.agent("a1", srv, 1)
+		// The new agent announced its epoch only after emptying the old
+		// domain: nothing of the job is left.
+		if pids := processesWith(marker); len(pids) > 0 {
+			t.Fatalf("processes of the killed agent's job survive: %v", pids)
+		}
 		j = e.waitJob(id, "slot released by the new epoch", 30*time.Second, func(j *jobs.Job) bool { return !j.Slot.Held })
 		if j.Slot.Proof != jobs.ProofAgentEpochReplaced || j.State != jobs.Unknown || j.Resolved {
 			t.Fatalf("after restart: state %s slot %+v resolved %v", j.State, j.Slot, j.Resolved)
@@ -273,10 +279,16 @@ func TestEndToEnd(t *testing.T) {
 		if e.fences() != 1 || j.Resolved {
 			t.Fatal("a failed refresh released the fence")
 		}
-		if st, raw := e.call("POST", "/v1/jobs/"+id+"/force-release", operator,
-			map[string]string{"note": "consumers refreshed by hand"}); st != http.StatusOK {
-			t.Fatalf("force release: %d %s", st, raw)
-		}
+		// A retry may be in flight at this instant (refresh RUNNING, not
+		// releasable); the operator tries again, as they would.
+		e.waitFor("force release", 20*time.Second, func() bool {
+			st, raw := e.call("POST", "/v1/jobs/"+id+"/force-release", operator,
+				map[string]string{"note": "consumers refreshed by hand"})
+			if st != http.StatusOK && st != http.StatusConflict {
+				t.Fatalf("force release: %d %s", st, raw)
+			}
+			return st == http.StatusOK
+		})
 		if e.fences() != 0 {
 			t.Fatal("fence held after force release")
 		}
@@ -443,6 +455,19 @@ func TestEndToEnd(t *testing.T) {
 		}
 		fmt.Printf("e2e: stream of %d jobs across a leader kill: %v, %d executions\n", len(ids), counts, len(starts))
 	})
+}
+
+// processesWith lists pids whose command line contains s.
+func processesWith(s string) []string {
+	var out []string
+	entries, _ := os.ReadDir("/proc")
+	for _, en := range entries {
+		raw, err := os.ReadFile(filepath.Join("/proc", en.Name(), "cmdline"))
+		if err == nil && strings.Contains(string(raw), s) {
+			out = append(out, en.Name())
+		}
+	}
+	return out
 }
 
 func (e *e2e) leaderAt(base string) string {

@@ -97,6 +97,7 @@ func (s *Server) lead(ctx context.Context, cli *clientv3.Client, st *store.Store
 			continue
 		}
 		s.leader.set(l, true, s.cfg.Now().UTC())
+		s.metrics.SetLeader(true)
 		lg.Info("leadership_won", "replica_id", s.cfg.ReplicaID, "election_revision", l.Rev)
 
 		termCtx, endTerm := context.WithCancel(ctx)
@@ -120,6 +121,7 @@ func (s *Server) lead(ctx context.Context, cli *clientv3.Client, st *store.Store
 		endTerm()
 		<-hookDone
 		s.leader.set(store.Leadership{}, false, time.Time{})
+		s.metrics.SetLeader(false)
 		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		if err := el.Resign(rctx); err != nil {
 			lg.Warn("resign_failed", "err", err.Error())

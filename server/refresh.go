@@ -57,7 +57,7 @@ func (d *Dispatcher) refreshPhase(ctx context.Context, t *term, now time.Time) e
 			d.log.Info("refresh_start_lost", "job_id", j.ID, "err", err)
 			continue
 		}
-		d.log.Info("refresh_started", "job_id", j.ID, "attempt_after", string(j.RefreshState))
+		d.log.Info("refresh_started", "job_id", j.ID, "from", string(j.RefreshState))
 		t.wg.Add(1)
 		go func() {
 			defer t.wg.Done()

@@ -16,21 +16,26 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/go-json-experiment/json"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
 	"jobfence"
 	"jobfence/handlers"
 	"jobfence/internal/etcdembed"
+	"jobfence/internal/metrics"
 	"jobfence/internal/store"
+	"jobfence/internal/tlsconfig"
 )
 
 // Server is one jobfence replica. Build it with New, start it with Run.
 type Server struct {
-	cfg  Config
-	auth *handlers.Auth
+	cfg     Config
+	auth    *handlers.Auth
+	metrics *metrics.Server
+	// listenTLS serves the HTTP listener (nil: plain HTTP); agentTLS is what
+	// the dispatcher's agent client verifies agents with (nil: system roots).
+	listenTLS, agentTLS *tls.Config
 
 	started chan struct{}
 	mu      sync.Mutex
@@ -50,7 +55,42 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Server{cfg: cfg, auth: auth, started: make(chan struct{})}, nil
+	// LoadTokens accepted the file, so it reads and decodes here too.
+	if raw, err := os.ReadFile(cfg.TokensFile); err == nil {
+		var entries []handlers.TokenEntry
+		if json.Unmarshal(raw, &entries) == nil {
+			for _, e := range entries {
+				cfg.Redactor.Add(e.Token)
+			}
+		}
+	}
+	s := &Server{cfg: cfg, auth: auth, metrics: metrics.NewServer(), started: make(chan struct{})}
+	if cfg.TLSCert != "" {
+		if s.listenTLS, err = tlsconfig.Server(cfg.TLSCert, cfg.TLSKey); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.TLSCA != "" {
+		if s.agentTLS, err = tlsconfig.Client(cfg.TLSCA); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// AgentTLS is the client configuration agents' certificates are verified
+// with (--tls-ca); nil means the system roots.
+func (s *Server) AgentTLS() *tls.Config { return s.agentTLS }
+
+// UseTLS makes the client verify agents' certificates with cfg (from
+// --tls-ca); nil keeps the system roots.
+func (h *HTTPAgentClient) UseTLS(cfg *tls.Config) {
+	if cfg == nil || h == nil || h.c == nil || h.c.HTTP == nil {
+		return
+	}
+	if tr, ok := h.c.HTTP.Transport.(*http.Transport); ok {
+		tr.TLSClientConfig = cfg.Clone()
+	}
 }
 
 // Started is closed once the HTTP listener is bound (Addr is then valid).
@@ -86,7 +126,17 @@ func (s *Server) connect() (*clientv3.Client, <-chan error, func() error, error)
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, nil, nil, fmt.Errorf("data dir: %w", err)
 		}
-		e, err := etcdembed.Start(etcdembed.Config{DataDir: dir})
+		e, err := etcdembed.Start(etcdembed.Config{
+			DataDir:        dir,
+			Name:           s.cfg.EtcdName,
+			PeerURL:        s.cfg.EtcdPeerURL,
+			ClientURL:      s.cfg.EtcdClientURL,
+			InitialCluster: s.cfg.EtcdInitialCluster,
+			ClusterState:   s.cfg.EtcdClusterState,
+			// A member of a cluster waits for a quorum of its peers, which
+			// may start well after it.
+			StartTimeout: embedStartTimeout(s.cfg),
+		})
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -165,6 +215,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		ReplicaID:     cfg.ReplicaID,
 		Now:           cfg.Now,
 		Logger:        lg.With("component", "store"),
+		OnTransition:  transitionCounter(s.metrics),
 	})
 	if err != nil {
 		return fmt.Errorf("store: %w", err)
@@ -177,9 +228,12 @@ func (s *Server) Run(ctx context.Context) (err error) {
 			return fmt.Errorf("listen: %w", err)
 		}
 	}
+	if s.listenTLS != nil {
+		listener = tls.NewListener(listener, s.listenTLS)
+	}
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	s.metrics.SetSnapshot(snapshot(st))
+	s.metrics.SetLeader(false)
 	api := handlers.New(handlers.Config{
 		Store:     st,
 		Auth:      s.auth,
@@ -193,8 +247,9 @@ func (s *Server) Run(ctx context.Context) (err error) {
 			_, err := cli.Get(ctx, cfg.Prefix+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(1))
 			return err
 		},
-		OpenAPI:  jobfence.OpenAPI,
-		Registry: reg,
+		OpenAPI:    jobfence.OpenAPI,
+		Registry:   s.metrics.Registry(),
+		Admissions: s.metrics,
 	})
 	var dash interface{ CloseStreams() }
 	if !cfg.NoDashboard {
@@ -248,7 +303,8 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		}
 	}()
 	close(s.started)
-	lg.Info("server_started", "addr", s.addr, "replica_id", cfg.ReplicaID, "embedded_etcd", len(cfg.EtcdEndpoints) == 0)
+	lg.Info("server_started", "addr", s.addr, "replica_id", cfg.ReplicaID, "embedded_etcd", len(cfg.EtcdEndpoints) == 0,
+		"tls", s.listenTLS != nil)
 
 	var runErr error
 	select {
@@ -291,4 +347,13 @@ type httpErrorLog struct{ lg *slog.Logger }
 func (h httpErrorLog) Write(p []byte) (int, error) {
 	h.lg.Warn("http_server_error", "detail", strings.TrimSpace(string(p)))
 	return len(p), nil
+}
+
+// embedStartTimeout is how long the embedded member may wait to be ready: a
+// member of a multi-member cluster needs its peers up.
+func embedStartTimeout(cfg Config) time.Duration {
+	if cfg.EtcdInitialCluster != "" && strings.Contains(cfg.EtcdInitialCluster, ",") {
+		return 5 * time.Minute
+	}
+	return 0
 }

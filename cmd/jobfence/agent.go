@@ -3,11 +3,9 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -17,6 +15,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"jobfence/agent"
+	"jobfence/internal/logging"
+	"jobfence/internal/tlsconfig"
 )
 
 // runAgent wires flags (or JOBFENCE_* variables) into agent.Config and runs
@@ -49,16 +49,13 @@ func runAgent(ctx context.Context, args []string) error {
 		}
 		return err
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		return fmt.Errorf("log-level: %w", err)
+	// The tokens and every dispatch's secret and credential values are
+	// registered here, so no log record of any agent part shows them.
+	secrets := logging.NewRedactor()
+	log, _, err := newLogger(os.Stderr, *logFormat, *logLevel, secrets)
+	if err != nil {
+		return err
 	}
-	opts := &slog.HandlerOptions{Level: level}
-	var h slog.Handler = slog.NewJSONHandler(os.Stderr, opts)
-	if *logFormat == "text" {
-		h = slog.NewTextHandler(os.Stderr, opts)
-	}
-	log := slog.New(h)
 
 	var errs []error
 	token, err := readTokenFile(*tokenFile)
@@ -69,23 +66,16 @@ func runAgent(ctx context.Context, args []string) error {
 	if err != nil {
 		errs = append(errs, fmt.Errorf("dispatch-token-file: %w", err))
 	}
+	secrets.Add(token, dispatchToken)
 	var listenTLS *tls.Config
 	if *tlsCert != "" || *tlsKey != "" {
-		cert, err := tls.LoadX509KeyPair(*tlsCert, *tlsKey)
-		if err != nil {
+		if listenTLS, err = tlsconfig.Server(*tlsCert, *tlsKey); err != nil {
 			errs = append(errs, fmt.Errorf("tls-cert/tls-key: %w", err))
-		} else {
-			listenTLS = &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}}
 		}
 	}
-	clientTLS := &tls.Config{MinVersion: tls.VersionTLS12}
-	if *tlsCA != "" {
-		pem, err := os.ReadFile(*tlsCA)
-		pool := x509.NewCertPool()
-		if err != nil || !pool.AppendCertsFromPEM(pem) {
-			errs = append(errs, fmt.Errorf("tls-ca: no PEM certificate in %s (%v)", *tlsCA, err))
-		}
-		clientTLS.RootCAs = pool
+	clientTLS, err := tlsconfig.Client(*tlsCA)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("tls-ca: %w", err))
 	}
 	if len(errs) > 0 {
 		return errors.Join(errs...)
@@ -109,6 +99,7 @@ func runAgent(ctx context.Context, args []string) error {
 		DefaultMemory: *defMem, DefaultPids: *defPids,
 		TLS:         listenTLS,
 		ReapOrphans: true,
+		Secrets:     secrets,
 		Logger:      log,
 		HTTPClient: &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
 			Proxy: http.ProxyFromEnvironment, TLSClientConfig: clientTLS,

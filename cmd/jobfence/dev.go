@@ -103,7 +103,8 @@ func writeTokensEnv(dataDir string, entries []handlers.TokenEntry) error {
 func runDev(ctx context.Context, args []string) error {
 	var cfg server.Config
 	dc := server.DefaultDispatchConfig()
-	if err := parseServerArgs("dev", args, &cfg, &dc); err != nil {
+	var af devAgentFlags
+	if err := parseServerArgs("dev", args, &cfg, &dc, af.bind); err != nil {
 		return err
 	}
 	if len(cfg.EtcdEndpoints) > 0 {
@@ -138,8 +139,19 @@ func runDev(ctx context.Context, args []string) error {
 		return err
 	case <-s.Started():
 	}
+	agentDone, err := startDevAgent(ctx, af, s.Addr(), cfg.DataDir, entries, dc.DispatchTokenFile)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "jobfence dev: local agent not started: %v\n", err)
+	}
 	printDev(s.Addr(), cfg.TokensFile, entries)
-	return <-done
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "jobfence dev: not running as root: the local agent cannot create worker cgroups, so its isolation is unverified and jobs stay PENDING")
+	}
+	err = <-done
+	if agentDone != nil {
+		<-agentDone
+	}
+	return err
 }
 
 func printDev(addr, tokensFile string, entries []handlers.TokenEntry) {

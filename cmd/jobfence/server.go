@@ -10,6 +10,9 @@ import (
 	"os"
 	"strings"
 
+	"github.com/go-json-experiment/json"
+
+	"jobfence/internal/logging"
 	"jobfence/server"
 )
 
@@ -30,6 +33,14 @@ func bindServerFlags(fs *flag.FlagSet, cfg *server.Config, sf *serverFlags) {
 	fs.StringVar(&cfg.EtcdCert, "etcd-cert", "", "PEM client certificate for the external etcd")
 	fs.StringVar(&cfg.EtcdKey, "etcd-key", "", "PEM client key for the external etcd")
 	fs.StringVar(&cfg.Prefix, "prefix", server.DefaultPrefix, "etcd key prefix")
+	fs.StringVar(&cfg.EtcdName, "etcd-name", "", "embedded member name (a three-node cluster names each member)")
+	fs.StringVar(&cfg.EtcdPeerURL, "etcd-peer-url", "", "embedded member's peer URL, listened on and advertised (default a free 127.0.0.1 port)")
+	fs.StringVar(&cfg.EtcdClientURL, "etcd-client-url", "", "embedded member's client URL, listened on and advertised (default a free 127.0.0.1 port)")
+	fs.StringVar(&cfg.EtcdInitialCluster, "etcd-initial-cluster", "", "every member as name=peerURL,... (default this member alone)")
+	fs.StringVar(&cfg.EtcdClusterState, "etcd-initial-cluster-state", "", "new (default) or existing (joining a running cluster)")
+	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate chain served on --listen (with --tls-key)")
+	fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM key of --tls-cert")
+	fs.StringVar(&cfg.TLSCA, "tls-ca", "", "PEM CA bundle that agents' certificates are verified with (default: system roots)")
 	fs.IntVar(&cfg.QuotaGlobal, "quota-global", server.DefaultQuotaGlobal, "most unresolved jobs in all")
 	fs.IntVar(&cfg.QuotaPerScope, "quota-per-scope", server.DefaultQuotaPerScope, "most unresolved jobs per scope")
 	fs.DurationVar(&cfg.ElectionTTL, "election-ttl", server.DefaultElectionTTL, "leader session TTL")
@@ -50,7 +61,8 @@ func (sf *serverFlags) finish(cfg *server.Config, stderr io.Writer) error {
 			cfg.EtcdEndpoints = append(cfg.EtcdEndpoints, strings.TrimSpace(ep))
 		}
 	}
-	lg, err := newLogger(stderr, sf.logFormat, sf.logLevel)
+	cfg.Redactor = logging.NewRedactor()
+	lg, _, err := newLogger(stderr, sf.logFormat, sf.logLevel, cfg.Redactor)
 	if err != nil {
 		return err
 	}
@@ -58,19 +70,16 @@ func (sf *serverFlags) finish(cfg *server.Config, stderr io.Writer) error {
 	return nil
 }
 
-func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
-	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("log-level %q: %w", level, err)
+// newLogger builds the process's logger on internal/logging, so every record
+// passes the redactor before any sink.
+func newLogger(w io.Writer, format, level string, secrets *logging.Redactor) (*slog.Logger, *logging.Ring, error) {
+	f, ferr := logging.ParseFormat(format)
+	lvl, lerr := logging.ParseLevel(level)
+	if err := errors.Join(ferr, lerr); err != nil {
+		return nil, nil, err
 	}
-	opts := &slog.HandlerOptions{Level: lvl}
-	switch format {
-	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
-	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
-	}
-	return nil, fmt.Errorf("log-format %q: want text or json", format)
+	lg, ring := logging.New(logging.Config{Format: f, Level: lvl, Writer: w}, secrets)
+	return lg, ring, nil
 }
 
 // envOverlay gives every flag not set on the command line the value of
@@ -93,11 +102,14 @@ func envOverlay(fs *flag.FlagSet) error {
 	return errors.Join(errs...)
 }
 
-func parseServerArgs(name string, args []string, cfg *server.Config, dc *server.DispatchConfig) error {
+func parseServerArgs(name string, args []string, cfg *server.Config, dc *server.DispatchConfig, extra ...func(*flag.FlagSet)) error {
 	fs := flag.NewFlagSet("jobfence "+name, flag.ContinueOnError)
 	var sf serverFlags
 	bindServerFlags(fs, cfg, &sf)
 	server.RegisterDispatchFlags(fs, dc)
+	for _, bind := range extra {
+		bind(fs)
+	}
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -131,6 +143,7 @@ func newServer(cfg server.Config, dc server.DispatchConfig) (*server.Server, err
 	if err != nil {
 		return nil, err
 	}
+	registerDispatchSecrets(s.Redactor(), dc)
 	if dc.DispatchTokenFile == "" {
 		cfg.Logger.Warn("dispatch_disabled", "reason", "no --dispatch-token-file: jobs are admitted but never dispatched")
 		return s, nil
@@ -139,4 +152,28 @@ func newServer(cfg server.Config, dc server.DispatchConfig) (*server.Server, err
 		return nil, err
 	}
 	return s, nil
+}
+
+// registerDispatchSecrets adds the dispatch token and every credential value
+// the profiles file holds now to the redactor. Values added to the file
+// later are registered by the dispatcher's agent client when first sent.
+// Unreadable files are left to the dispatcher, which reports them.
+func registerDispatchSecrets(r *logging.Redactor, dc server.DispatchConfig) {
+	if dc.DispatchTokenFile != "" {
+		if raw, err := os.ReadFile(dc.DispatchTokenFile); err == nil {
+			r.Add(strings.TrimSpace(string(raw)))
+		}
+	}
+	if dc.CredentialsFile != "" {
+		if raw, err := os.ReadFile(dc.CredentialsFile); err == nil {
+			var profiles map[string]map[string]string
+			if json.Unmarshal(raw, &profiles) == nil {
+				for _, p := range profiles {
+					for _, v := range p {
+						r.Add(v)
+					}
+				}
+			}
+		}
+	}
 }

@@ -107,8 +107,18 @@ func (s *Store) Admit(ctx context.Context, in AdmitInput) (*jobs.Job, bool, erro
 				return nil, false, err
 			}
 			s.admissions.Add(1)
-			out, err := decodeJob(id, val, rev)
-			return out, true, err
+			s.transitioned(jobs.EventAdmit)
+			// The record as written, with what only the commit knows filled
+			// in the way decodeJob fills it, without decoding what was just
+			// encoded.
+			out := j.Clone()
+			out.Revision = rev
+			for i := range out.History {
+				if out.History[i].Revision == 0 {
+					out.History[i].Revision = rev
+				}
+			}
+			return out, true, nil
 		}
 		s.unreserve(gKey, sKey)
 		rr := func(i int) []byte {

@@ -32,6 +32,10 @@ type Config struct {
 	AgentLiveFor time.Duration
 	Now          func() time.Time
 	Logger       *slog.Logger
+	// OnTransition, when set, is called with the jobs.Event of every
+	// transition this store committed (admissions included), after the view
+	// reached it. It runs on the writer's goroutine: keep it cheap (a metric).
+	OnTransition func(event string)
 }
 
 // Leadership identifies the leader for leader-only writes: its election key

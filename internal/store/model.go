@@ -5,10 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime"
+	"runtime/debug"
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
+	"unique"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -96,10 +100,97 @@ func encodeJob(j *jobs.Job) ([]byte, error) {
 // change to publish, and errResync for a value that cannot be decoded where
 // a list would have to decide what it means.
 func (s *Store) applyKV(v *view, key string, value []byte, modRev int64, deleted bool) (Change, error) {
+	return s.applyPrepared(v, s.prepareKV(key, value, modRev, deleted))
+}
+
+// preparedKV is one key/value parsed, and a job record decoded, ahead of
+// applying it, so the watch decodes outside the view's lock and readers (the
+// admissions picking tokens, every WaitSynced) are not held behind JSON.
+type preparedKV struct {
+	p       parsed
+	known   bool
+	value   []byte
+	modRev  int64
+	deleted bool
+	job     *jobs.Job
+	jobErr  error
+}
+
+func (s *Store) prepareKV(key string, value []byte, modRev int64, deleted bool) preparedKV {
 	p, err := s.k.parse(key)
-	if err != nil {
+	kv := preparedKV{p: p, known: err == nil, value: value, modRev: modRev, deleted: deleted}
+	if kv.known && p.kind == kindJob && !deleted {
+		kv.job, kv.jobErr = decodeJob(p.id, value, modRev)
+		if kv.job != nil {
+			intern(kv.job)
+		}
+	}
+	return kv
+}
+
+// prepareAll prepares one page of a list on every core: decoding the
+// records is most of a restart's time.
+func (s *Store) prepareAll(kvs []*mvccpb.KeyValue) []preparedKV {
+	out := make([]preparedKV, len(kvs))
+	workers := min(runtime.GOMAXPROCS(0), max(1, len(kvs)/64))
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := w; i < len(kvs); i += workers {
+				kv := kvs[i]
+				out[i] = s.prepareKV(string(kv.Key), kv.Value, kv.ModRevision, false)
+			}
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// intern shares the strings most records repeat (scopes, commands, actors,
+// events, codes), so a view of many retained jobs holds one copy of each.
+func intern(j *jobs.Job) {
+	in := func(p *string) {
+		if *p != "" {
+			*p = unique.Make(*p).Value()
+		}
+	}
+	in(&j.Target.Scope)
+	in(&j.Operation)
+	in(&j.CreatedBy)
+	in(&j.Spec.WorkingDir)
+	in(&j.Spec.Credentials)
+	in(&j.QuotaToken)
+	in((*string)(&j.State))
+	in((*string)(&j.RefreshState))
+	in((*string)(&j.Slot.Proof))
+	in(&j.Slot.AgentID)
+	for i := range j.Spec.Command {
+		in(&j.Spec.Command[i])
+	}
+	for i := range j.History {
+		h := &j.History[i]
+		in(&h.Actor)
+		in((*string)(&h.Event))
+		in(&h.From)
+		in(&h.To)
+		in(&h.Detail)
+	}
+	if r := j.Result; r != nil {
+		in((*string)(&r.Code))
+		in((*string)(&r.Phase))
+		in(&r.Signal)
+	}
+	if d := j.Dispatch; d != nil {
+		in(&d.AgentID)
+		in(&d.AgentAddress)
+	}
+}
+
+func (s *Store) applyPrepared(v *view, kv preparedKV) (Change, error) {
+	if !kv.known {
 		return Change{}, nil // a key of no family we know: not ours to interpret
 	}
+	p, value, modRev, deleted := kv.p, kv.value, kv.modRev, kv.deleted
 	ch := Change{Revision: modRev}
 	switch p.kind {
 	case kindJob:
@@ -109,12 +200,11 @@ func (s *Store) applyKV(v *view, key string, value []byte, modRev int64, deleted
 		if deleted {
 			return ch, nil
 		}
-		j, err := decodeJob(p.id, value, modRev)
-		if err != nil {
-			v.corrupt[p.id] = CorruptRecord{ID: p.id, Reason: err.Error(), Revision: modRev}
+		if kv.jobErr != nil {
+			v.corrupt[p.id] = CorruptRecord{ID: p.id, Reason: kv.jobErr.Error(), Revision: modRev}
 			return ch, nil
 		}
-		v.jobs[p.id] = j
+		v.jobs[p.id] = kv.job
 	case kindFence:
 		ch.Kind, ch.ID = "fence", p.target
 		if deleted {
@@ -266,20 +356,48 @@ func (s *Store) Run(ctx context.Context) error {
 	return nil
 }
 
+// relistPage bounds one range of the list. Paging at one revision reads the
+// same snapshot as one range, without holding every record of a large
+// keyspace in one response (and its buffers) at once.
+const relistPage = 1000
+
+// relistFreeAbove is the key count above which a finished list hands its
+// transient memory back to the OS at once instead of over minutes of
+// background scavenging, so a replica's RSS after start reflects its view.
+const relistFreeAbove = 20000
+
 func (s *Store) relist(ctx context.Context) (int64, error) {
-	resp, err := s.cli.Get(ctx, s.k.root(), clientv3.WithPrefix())
-	if err != nil {
-		return 0, err
-	}
 	v := newView()
-	for _, kv := range resp.Kvs {
-		if _, err := s.applyKV(v, string(kv.Key), kv.Value, kv.ModRevision, false); err != nil {
-			// A broken agent or setting value is logged and skipped; a
-			// broken job is already recorded as corrupt.
-			s.log.Warn("read_model_skip_value", "err", err.Error())
+	root := s.k.root()
+	end := clientv3.GetPrefixRangeEnd(root)
+	from := root
+	var rev int64
+	n := 0
+	for {
+		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(relistPage)}
+		if rev != 0 {
+			opts = append(opts, clientv3.WithRev(rev))
 		}
+		resp, err := s.cli.Get(ctx, from, opts...)
+		if err != nil {
+			return 0, err
+		}
+		if rev == 0 {
+			rev = resp.Header.Revision
+		}
+		for _, kv := range s.prepareAll(resp.Kvs) {
+			if _, err := s.applyPrepared(v, kv); err != nil {
+				// A broken agent or setting value is logged and skipped; a
+				// broken job is already recorded as corrupt.
+				s.log.Warn("read_model_skip_value", "err", err.Error())
+			}
+		}
+		n += len(resp.Kvs)
+		if !resp.More || len(resp.Kvs) == 0 {
+			break
+		}
+		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
 	}
-	rev := resp.Header.Revision
 	s.mu.Lock()
 	s.v = v
 	s.setRevLocked(rev)
@@ -289,6 +407,9 @@ func (s *Store) relist(ctx context.Context) (int64, error) {
 	s.ready = true
 	s.mu.Unlock()
 	s.publish(Change{Kind: "resync", Revision: rev})
+	if n > relistFreeAbove {
+		debug.FreeOSMemory()
+	}
 	return rev, nil
 }
 
@@ -309,17 +430,24 @@ func (s *Store) watch(ctx context.Context, w clientv3.Watcher, rev int64) error 
 		if resp.Canceled {
 			return errors.New("watch canceled")
 		}
+		prepared := make([]preparedKV, len(resp.Events))
+		for i, ev := range resp.Events {
+			prepared[i] = s.prepareKV(string(ev.Kv.Key), ev.Kv.Value, ev.Kv.ModRevision, ev.Type == mvccpb.DELETE)
+		}
 		var changes []Change
 		var resync error
 		s.mu.Lock()
 		if resp.Header.Revision > s.latest {
 			s.latest = resp.Header.Revision
 		}
+		// The cursor moves once per response, to the last event applied:
+		// one wake-up of the waiters per batch, not one per key.
+		cursor := s.rev
 		if resp.IsProgressNotify() {
-			s.setRevLocked(resp.Header.Revision)
+			cursor = resp.Header.Revision
 		}
-		for _, ev := range resp.Events {
-			ch, err := s.applyKV(s.v, string(ev.Kv.Key), ev.Kv.Value, ev.Kv.ModRevision, ev.Type == mvccpb.DELETE)
+		for _, kv := range prepared {
+			ch, err := s.applyPrepared(s.v, kv)
 			if err != nil {
 				resync = err
 				break
@@ -327,8 +455,9 @@ func (s *Store) watch(ctx context.Context, w clientv3.Watcher, rev int64) error 
 			if ch.Kind != "" {
 				changes = append(changes, ch)
 			}
-			s.setRevLocked(ev.Kv.ModRevision)
+			cursor = max(cursor, kv.modRev)
 		}
+		s.setRevLocked(cursor)
 		s.mu.Unlock()
 		for _, ch := range changes {
 			s.publish(ch)
@@ -350,30 +479,41 @@ func (s *Store) setRevLocked(rev int64) {
 	s.advance = make(chan struct{})
 }
 
+// progressGrace is how long WaitSynced waits for the watch before asking
+// etcd for a progress notification. A revision of this replica's own write
+// arrives as an event within moments; only a revision written outside the
+// prefix needs the request, and asking on every write would add a round
+// trip to each admission.
+const progressGrace = 5 * time.Millisecond
+
 // WaitSynced blocks until this replica's view reflects rev.
 func (s *Store) WaitSynced(ctx context.Context, rev int64) error {
-	tick := time.NewTicker(200 * time.Millisecond)
-	defer tick.Stop()
-	asked := false
+	var timer *time.Timer
 	for {
 		s.mu.RLock()
-		done, ch := s.ready && s.rev >= rev, s.advance
+		done, ready, ch := s.ready && s.rev >= rev, s.ready, s.advance
 		s.mu.RUnlock()
 		if done {
+			if timer != nil {
+				timer.Stop()
+			}
 			return nil
 		}
-		if !asked && s.Ready() {
-			asked = true
-			s.requestProgress(ctx)
+		if timer == nil {
+			timer = time.NewTimer(progressGrace)
 		}
 		select {
 		case <-ctx.Done():
+			timer.Stop()
 			return ctx.Err()
 		case <-ch:
-		case <-tick.C:
+		case <-timer.C:
 			// Revisions written under other prefixes produce no event here;
 			// a progress notification moves the cursor past them.
-			s.requestProgress(ctx)
+			if ready {
+				s.requestProgress(ctx)
+			}
+			timer.Reset(200 * time.Millisecond)
 		}
 	}
 }
@@ -459,7 +599,7 @@ func (s *Store) Get(_ context.Context, id string) (*jobs.Job, error) {
 	if !ok {
 		return nil, jobs.ErrNotFound
 	}
-	return j.Clone(), nil
+	return s.blocked.decorate(j.Clone()), nil
 }
 
 // CorruptRecords lists the records that make admission fail closed.
@@ -481,7 +621,7 @@ func (s *Store) Jobs(filter func(*jobs.Job) bool) []*jobs.Job {
 	var out []*jobs.Job
 	for _, j := range s.v.jobs {
 		if filter == nil || filter(j) {
-			out = append(out, j.Clone())
+			out = append(out, s.blocked.decorate(j.Clone()))
 		}
 	}
 	sort.Slice(out, func(a, b int) bool { return out[a].ID < out[b].ID })

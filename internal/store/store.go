@@ -46,6 +46,8 @@ type Store struct {
 	reserved map[string]struct{}
 	resFreed chan struct{}
 
+	blocked blockedReasons
+
 	attempts, admissions atomic.Uint64
 }
 
@@ -203,7 +205,17 @@ func (s *Store) commit(ctx context.Context, l *Leadership, old, n *jobs.Job, eff
 	if err := s.WaitSynced(ctx, rev); err != nil {
 		return nil, err
 	}
+	if len(n.History) > 0 {
+		s.transitioned(n.History[len(n.History)-1].Event)
+	}
 	return decodeJob(n.ID, val, rev)
+}
+
+// transitioned tells Config.OnTransition about one committed transition.
+func (s *Store) transitioned(e jobs.Event) {
+	if s.cfg.OnTransition != nil {
+		s.cfg.OnTransition(string(e))
+	}
 }
 
 // leaderStep is the shape of every leader-only transition: the record must
@@ -396,6 +408,7 @@ func (s *Store) removeCorrupt(ctx context.Context, id, actor, note string) (*job
 	if err := s.WaitSynced(ctx, tr.Header.Revision); err != nil {
 		return nil, err
 	}
+	s.transitioned(jobs.EventForceRelease)
 	at := s.now()
 	s.log.Warn("corrupt_record_removed", "job_id", id, "actor", actor)
 	return &jobs.Job{
