@@ -324,6 +324,9 @@ func (d *Dispatcher) deadlineSweep(ctx context.Context, t *term, now time.Time) 
 		switch {
 		case err == nil:
 			t.forget(j.ID)
+			if mutationReleaseSlotAtDeadline != nil {
+				mutationReleaseSlotAtDeadline(bctx, d, t, j.ID)
+			}
 			d.log.Warn("job_unknown_at_deadline", "job_id", j.ID, "agent_id", j.Dispatch.AgentID,
 				"invocation_id", j.Dispatch.InvocationID)
 		case fatal(ctx, err):
@@ -606,6 +609,9 @@ func (d *Dispatcher) dispatchOne(ctx context.Context, t *term, j *jobs.Job, a *c
 		return d.classifyRunning(ctx, t, fresh, jobs.CodeRefusedByAgent, refusal.Type)
 	default:
 		t.markUnsure(j.ID)
+		if mutationResendAfterTransportError != nil {
+			mutationResendAfterTransportError(ctx, d, fresh, a, creds, secret)
+		}
 		d.log.Warn("dispatch_outcome_unknown", "job_id", j.ID, "agent_id", a.view.ID, "invocation_id", inv, "err", err)
 		if ctx.Err() != nil {
 			return ctx.Err()

@@ -20,6 +20,7 @@ func (s *Server) EnableDispatch(dc DispatchConfig) error {
 	if err != nil {
 		return err
 	}
+	client.UseTLS(s.AgentTLS())
 	var (
 		once sync.Once
 		d    *Dispatcher

@@ -31,10 +31,7 @@ func testTLSEndToEnd(t *testing.T, bin string) {
 		t.Fatal(err)
 	}
 	o := newOps(t, bin, clientTLS)
-	// SSL_CERT_FILE also puts the CA in the server's system roots, for as
-	// long as the dispatcher's agent client is built without --tls-ca
-	// (HTTPAgentClient.UseTLS); with it, the flag alone suffices.
-	srv := o.startServer("tls1", []string{"SSL_CERT_FILE=" + ca},
+	srv := o.startServer("tls1", nil,
 		"--tls-cert", cert, "--tls-key", key, "--tls-ca", ca)
 	if !strings.HasPrefix(srv.base, "https://") {
 		t.Fatalf("server base %s: the listener is not TLS", srv.base)

@@ -74,10 +74,12 @@ func (s *Store) Admit(ctx context.Context, in AdmitInput) (*jobs.Job, bool, erro
 		}
 		cmps := []clientv3.Cmp{
 			clientv3.Compare(clientv3.CreateRevision(s.k.job(id)), "=", 0),
-			clientv3.Compare(clientv3.CreateRevision(fenceKey), "=", 0),
 			clientv3.Compare(clientv3.CreateRevision(gKey), "=", 0),
 			clientv3.Compare(clientv3.CreateRevision(sKey), "=", 0),
 			clientv3.Compare(clientv3.ModRevision(s.k.settingAdmission()), "=", admissionRev),
+		}
+		if !mutationSkipFenceCompare {
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(fenceKey), "=", 0))
 		}
 		ops := []clientv3.Op{
 			clientv3.OpPut(s.k.job(id), string(val)),

@@ -164,7 +164,7 @@ func (s *Store) commit(ctx context.Context, l *Leadership, old, n *jobs.Job, eff
 		return nil, err
 	}
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(jobKey), "=", old.Revision)}
-	if l != nil {
+	if l != nil && !mutationSkipLeaderCompare {
 		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(l.Key), "=", l.Rev))
 	}
 	ops := []clientv3.Op{clientv3.OpPut(jobKey, string(val))}

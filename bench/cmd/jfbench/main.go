@@ -212,10 +212,12 @@ func (b *bench) foldGoTest(path string) {
 	}
 	seen := map[string]*acc{}
 	for _, line := range strings.Split(string(raw), "\n") {
-		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "BENCH ")
-		if !ok {
+		// go test prints a benchmark's output after its name on one line.
+		i := strings.Index(line, "BENCH ")
+		if i < 0 {
 			continue
 		}
+		rest := line[i+len("BENCH "):]
 		parts := strings.Fields(rest)
 		if len(parts) == 0 {
 			continue
