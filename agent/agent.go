@@ -20,6 +20,8 @@ import (
 	"sync"
 	"time"
 
+	jsonv2 "github.com/go-json-experiment/json"
+	"github.com/go-json-experiment/json/jsontext"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"jobfence/isolation"
@@ -162,7 +164,29 @@ func (a *Agent) routes() http.Handler {
 	mux.HandleFunc("POST /v1/invocations/{id}/tombstone", a.auth(a.handleTombstone))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.m.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
-	return mux
+	// ServeMux answers an unknown path or method in plain text; every error
+	// of this API is problem+json, so those two are answered here.
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, pattern := mux.Handler(r); pattern != "" {
+			mux.ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set("X-Request-Id", requestID())
+		var allow []string
+		for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost} {
+			probe := r.Clone(r.Context())
+			probe.Method = m
+			if _, pattern := mux.Handler(probe); pattern != "" {
+				allow = append(allow, m)
+			}
+		}
+		if len(allow) > 0 {
+			w.Header().Set("Allow", strings.Join(allow, ", "))
+			writeProblem(w, r, http.StatusMethodNotAllowed, "method-not-allowed", "Method not allowed", "this path does not serve "+r.Method)
+			return
+		}
+		writeProblem(w, r, http.StatusNotFound, "not-found", "Not found", "no such path")
+	})
 }
 
 func requestID() string {
@@ -197,11 +221,12 @@ func (a *Agent) auth(next http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// readJSON reads one strict JSON object. tooLarge reports a body over the
+// readJSON reads one strict JSON object under API.md's input rules: exact
+// member names (a case variant is unknown), no duplicate or unknown member,
+// valid UTF-8, nothing after the object. tooLarge reports a body over the
 // limit, which the caller turns into its own answer.
 func readJSON(w http.ResponseWriter, r *http.Request, v any) (tooLarge bool, err error) {
-	mt, params, perr := mime.ParseMediaType(r.Header.Get("Content-Type"))
-	if perr != nil || mt != "application/json" || (params["charset"] != "" && !strings.EqualFold(params["charset"], "utf-8")) {
+	if !jsonContentType(r.Header.Get("Content-Type")) {
 		writeProblem(w, r, http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type", "the body must be application/json")
 		return false, errors.New("content type")
 	}
@@ -213,17 +238,36 @@ func readJSON(w http.ResponseWriter, r *http.Request, v any) (tooLarge bool, err
 	if len(b) > maxBody {
 		return true, errors.New("too large")
 	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
+	if t := bytes.TrimLeft(b, " \t\r\n"); len(t) == 0 || t[0] != '{' {
+		writeProblem(w, r, http.StatusBadRequest, "malformed", "Malformed request", "the body must be one JSON object")
+		return false, errors.New("not an object")
+	}
+	// encoding/json matches member names case-insensitively and keeps the
+	// last of duplicate members; the v2 decoder does neither.
+	dec := jsontext.NewDecoder(bytes.NewReader(b))
+	if err := jsonv2.UnmarshalDecode(dec, v, jsonv2.RejectUnknownMembers(true)); err != nil {
 		writeProblem(w, r, http.StatusBadRequest, "malformed", "Malformed request", "the body is not the expected JSON object")
 		return false, err
 	}
-	if dec.More() {
+	if _, err := dec.ReadToken(); err != io.EOF {
 		writeProblem(w, r, http.StatusBadRequest, "malformed", "Malformed request", "trailing data after the JSON object")
 		return false, errors.New("trailing data")
 	}
 	return false, nil
+}
+
+// jsonContentType accepts application/json with at most a utf-8 charset.
+func jsonContentType(ct string) bool {
+	mt, params, err := mime.ParseMediaType(ct)
+	if err != nil || mt != "application/json" {
+		return false
+	}
+	for k, v := range params {
+		if k != "charset" || !strings.EqualFold(v, "utf-8") {
+			return false
+		}
+	}
+	return true
 }
 
 func (a *Agent) refuse(w http.ResponseWriter, r *http.Request, slug, detail string, req *DispatchRequest) {

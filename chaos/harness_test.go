@@ -22,6 +22,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"jobfence/handlers"
 	"jobfence/internal/etcdembed"
@@ -91,8 +92,9 @@ const (
 	// external: one etcd member in the harness process, three servers on
 	// --etcd-endpoints; servers can die without losing the data.
 	external topology = iota
-	// embedded: one server whose own embedded etcd holds the data in its
-	// --data-dir, so a restart of the server is a restart of the database.
+	// embedded: three servers whose embedded etcd members form one cluster,
+	// each keeping its data in its --data-dir, so a restart of a server is
+	// a restart of a database member.
 	embedded
 )
 
@@ -106,20 +108,21 @@ type clusterOptions struct {
 // cluster is one isolated run: its own etcd, processes, cgroup roots,
 // journal and records. Everything stops at cleanup.
 type cluster struct {
-	t        *testing.T
-	dir      string
-	bin      string
-	opts     clusterOptions
-	etcd     *etcdembed.Server
-	endpoint string
-	cli      *clientv3.Client
-	client   *http.Client
-	journal  string
-	mu       sync.Mutex
-	servers  []*proc
-	agents   []*agentProc
-	hist     *history
-	rec      *recorder
+	t          *testing.T
+	dir        string
+	bin        string
+	opts       clusterOptions
+	etcd       *etcdembed.Server
+	endpoint   string   // external: the harness's member
+	clientURLs []string // every member's client URL
+	cli        *clientv3.Client
+	client     *http.Client
+	journal    string
+	mu         sync.Mutex
+	servers    []*proc
+	agents     []*agentProc
+	hist       *history
+	rec        *recorder
 }
 
 // proc is one restartable process.
@@ -197,13 +200,24 @@ func newCluster(t *testing.T, opts clusterOptions) *cluster {
 			t.Fatalf("etcd: %v", err)
 		}
 		c.endpoint = c.etcd.Endpoint
+		c.clientURLs = []string{c.endpoint}
 		for i := 1; i <= opts.servers; i++ {
 			c.addServer(fmt.Sprintf("s%d", i), "--etcd-endpoints", c.endpoint)
 		}
 	case embedded:
-		c.endpoint = "http://" + freeAddr(t)
-		c.addServer("s1", "--data-dir", filepath.Join(c.dir, "s1-data"), "--etcd-name", "s1",
-			"--etcd-client-url", c.endpoint, "--etcd-peer-url", "http://"+freeAddr(t))
+		var members, peers []string
+		for i := 1; i <= opts.servers; i++ {
+			peer := "http://" + freeAddr(t)
+			peers = append(peers, peer)
+			c.clientURLs = append(c.clientURLs, "http://"+freeAddr(t))
+			members = append(members, fmt.Sprintf("s%d=%s", i, peer))
+		}
+		for i := 1; i <= opts.servers; i++ {
+			name := fmt.Sprintf("s%d", i)
+			c.addServer(name, "--data-dir", filepath.Join(c.dir, name+"-data"), "--etcd-name", name,
+				"--etcd-client-url", c.clientURLs[i-1], "--etcd-peer-url", peers[i-1],
+				"--etcd-initial-cluster", strings.Join(members, ","))
+		}
 	}
 	for _, s := range c.servers {
 		c.startProc(s)
@@ -216,7 +230,7 @@ func newCluster(t *testing.T, opts clusterOptions) *cluster {
 		}
 		return true
 	})
-	c.cli, err = clientv3.New(clientv3.Config{Endpoints: []string{c.endpoint}, DialTimeout: 5 * time.Second})
+	c.cli, err = clientv3.New(clientv3.Config{Endpoints: c.clientURLs, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		t.Fatal(err)
 	}

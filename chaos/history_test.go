@@ -93,7 +93,7 @@ func (h *history) catchUp(cli *clientv3.Client, within time.Duration) bool {
 		return false
 	}
 	return poll(within, func() bool {
-		_ = cli.RequestProgress(ctx)
+		_ = cli.RequestProgress(clientv3.WithRequireLeader(ctx)) // the watch stream is keyed by its metadata
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		return h.seen >= target

@@ -574,9 +574,17 @@ func (d *Dispatcher) dispatchOne(ctx context.Context, t *term, j *jobs.Job, a *c
 	case err == nil:
 	case fatal(ctx, err):
 		return err
-	default:
-		// The identity built for this attempt is void; the next round builds a fresh one.
+	case errors.Is(err, jobs.ErrStale) || errors.Is(err, jobs.ErrInvalidTransition):
+		// Nothing was written; the next round builds a fresh identity.
 		d.log.Info("mark_running_lost", "job_id", j.ID, "err", err)
+		return nil
+	default:
+		// The commit's fate is unknown (etcd may have applied it before the
+		// error). If it landed, the job is RUNNING under an identity nobody
+		// received: the tombstone proves that, where the deadline alone
+		// would leave an UNKNOWN. Nothing is sent.
+		t.markUnsure(j.ID)
+		d.log.Warn("mark_running_outcome_unknown", "job_id", j.ID, "invocation_id", inv, "err", err)
 		return nil
 	}
 	a.held++

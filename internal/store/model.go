@@ -367,36 +367,60 @@ const relistPage = 1000
 const relistFreeAbove = 20000
 
 func (s *Store) relist(ctx context.Context) (int64, error) {
+	// Pages are fetched while the previous one is decoded: on a restart
+	// with many records the range and the decoding each take seconds.
+	type page struct {
+		resp *clientv3.GetResponse
+		err  error
+	}
+	fctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	pages := make(chan page, 2)
+	go func() {
+		defer close(pages)
+		root := s.k.root()
+		end := clientv3.GetPrefixRangeEnd(root)
+		from := root
+		var rev int64
+		for {
+			opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(relistPage)}
+			if rev != 0 {
+				opts = append(opts, clientv3.WithRev(rev))
+			}
+			resp, err := s.cli.Get(fctx, from, opts...)
+			select {
+			case pages <- page{resp, err}:
+			case <-fctx.Done():
+				return
+			}
+			if err != nil || !resp.More || len(resp.Kvs) == 0 {
+				return
+			}
+			rev = resp.Header.Revision
+			from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+		}
+	}()
 	v := newView()
-	root := s.k.root()
-	end := clientv3.GetPrefixRangeEnd(root)
-	from := root
 	var rev int64
 	n := 0
-	for {
-		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(relistPage)}
-		if rev != 0 {
-			opts = append(opts, clientv3.WithRev(rev))
-		}
-		resp, err := s.cli.Get(ctx, from, opts...)
-		if err != nil {
-			return 0, err
+	for pg := range pages {
+		if pg.err != nil {
+			return 0, pg.err
 		}
 		if rev == 0 {
-			rev = resp.Header.Revision
+			rev = pg.resp.Header.Revision
 		}
-		for _, kv := range s.prepareAll(resp.Kvs) {
+		for _, kv := range s.prepareAll(pg.resp.Kvs) {
 			if _, err := s.applyPrepared(v, kv); err != nil {
 				// A broken agent or setting value is logged and skipped; a
 				// broken job is already recorded as corrupt.
 				s.log.Warn("read_model_skip_value", "err", err.Error())
 			}
 		}
-		n += len(resp.Kvs)
-		if !resp.More || len(resp.Kvs) == 0 {
-			break
-		}
-		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+		n += len(pg.resp.Kvs)
+	}
+	if rev == 0 {
+		return 0, ctx.Err()
 	}
 	s.mu.Lock()
 	s.v = v
