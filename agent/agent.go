@@ -157,21 +157,38 @@ func (a *Agent) Run(ctx context.Context) error {
 	return runErr
 }
 
+// route is one operation of the listener; agent/openapi.yaml documents
+// exactly these, and the contract test walks them.
+type route struct {
+	pattern string
+	handler http.Handler
+}
+
+func (a *Agent) routeTable() []route {
+	return []route{
+		{"POST /v1/dispatches", a.auth(a.handleDispatch)},
+		{"GET /v1/invocations/{id}", a.auth(a.handleStatus)},
+		{"POST /v1/invocations/{id}/tombstone", a.auth(a.handleTombstone)},
+		{"GET /metrics", promhttp.HandlerFor(a.m.reg, promhttp.HandlerOpts{})},
+		{"GET /healthz", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })},
+		{"GET /openapi.yaml", http.HandlerFunc(serveOpenAPI)},
+	}
+}
+
 func (a *Agent) routes() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/dispatches", a.auth(a.handleDispatch))
-	mux.HandleFunc("GET /v1/invocations/{id}", a.auth(a.handleStatus))
-	mux.HandleFunc("POST /v1/invocations/{id}/tombstone", a.auth(a.handleTombstone))
-	mux.Handle("GET /metrics", promhttp.HandlerFor(a.m.reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
+	for _, rt := range a.routeTable() {
+		mux.Handle(rt.pattern, rt.handler)
+	}
 	// ServeMux answers an unknown path or method in plain text; every error
 	// of this API is problem+json, so those two are answered here.
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// API.md: every answer carries X-Request-Id, health and metrics too.
+		w.Header().Set("X-Request-Id", requestID())
 		if _, pattern := mux.Handler(r); pattern != "" {
 			mux.ServeHTTP(w, r)
 			return
 		}
-		w.Header().Set("X-Request-Id", requestID())
 		var allow []string
 		for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost} {
 			probe := r.Clone(r.Context())
@@ -211,7 +228,6 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 func (a *Agent) auth(next http.HandlerFunc) http.HandlerFunc {
 	want := []byte("Bearer " + a.cfg.DispatchToken)
 	return func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("X-Request-Id", requestID())
 		got := []byte(r.Header.Get("Authorization"))
 		if subtle.ConstantTimeCompare(got, want) != 1 {
 			writeProblem(w, r, http.StatusUnauthorized, "unauthenticated", "Unauthenticated", "missing or unknown dispatch token")

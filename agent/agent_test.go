@@ -57,7 +57,7 @@ func TestOutcomesRegistrationAndMetrics(t *testing.T) {
 	if st := ta.status(t, uuid.NewString()); st != StatusUnknown {
 		t.Fatalf("status of a never-seen invocation: %s", st)
 	}
-	resp, err := http.Get(ta.addr + "/metrics")
+	resp, err := ta.http.Get(ta.addr + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -289,7 +289,7 @@ func TestTypedRefusals(t *testing.T) {
 	if slug, err := bad.Dispatch(ctx, ta.addr, ta.dispatch(exe(t))); err == nil || slug != "" {
 		t.Fatalf("unauthenticated dispatch: %q %v", slug, err)
 	}
-	resp, err := http.Post(ta.addr+"/v1/dispatches", "application/json", bytes.NewReader([]byte(`{"job_id":1}`)))
+	resp, err := ta.http.Post(ta.addr+"/v1/dispatches", "application/json", bytes.NewReader([]byte(`{"job_id":1}`)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -300,7 +300,7 @@ func TestTypedRefusals(t *testing.T) {
 	r, _ := http.NewRequest("POST", ta.addr+"/v1/dispatches", strings.NewReader(`{"job_id":"x","bogus":1}`))
 	r.Header.Set("Authorization", "Bearer "+dispatchToken)
 	r.Header.Set("Content-Type", "application/json")
-	resp, err = http.DefaultClient.Do(r)
+	resp, err = ta.http.Do(r)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -370,7 +370,7 @@ func TestReportRetriedUntilAcknowledged(t *testing.T) {
 	rep := ta.fs.reportFor(t, req.JobID)
 	checkEnvelope(t, req, rep, jobs.CodeExitCommitted, jobs.PhaseNativeReturn, jobs.ProofChildReaped)
 	ta.fs.waitFor(t, "reported", func() bool { return ta.status(t, req.InvocationID) == StatusReported })
-	resp, err := http.Get(ta.addr + "/metrics")
+	resp, err := ta.http.Get(ta.addr + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -85,7 +85,7 @@ func TestUnknownRouteAndMethodAreProblems(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		resp, err := http.DefaultClient.Do(r)
+		resp, err := ta.http.Do(r)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -99,7 +99,7 @@ func TestUnknownRouteAndMethodAreProblems(t *testing.T) {
 		}
 	}
 	// Served routes still answer as before.
-	resp, err := http.Get(ta.addr + "/healthz")
+	resp, err := ta.http.Get(ta.addr + "/healthz")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/google/uuid"
 	"go.uber.org/goleak"
 
+	"jobfence/internal/apitest"
 	"jobfence/isolation"
 	"jobfence/jobs"
 )
@@ -364,6 +365,9 @@ type testAgent struct {
 	addr   string
 	logs   *syncBuffer
 	client *Client
+	// http is for raw requests; like client's, its every answer is checked
+	// against agent/openapi.yaml.
+	http *http.Client
 }
 
 // startAgent runs an in-process agent against a fake server with short
@@ -413,8 +417,9 @@ func startAgent(t *testing.T, mod func(*Config)) *testAgent {
 		t.Fatalf("agent stopped: %v", err)
 	}
 	fs.firstRegistration(t)
+	validated := &http.Client{Transport: apitest.TransportFor(t, OpenAPI, nil), Timeout: 30 * time.Second}
 	return &testAgent{Agent: a, stop: stop, fs: fs, addr: "http://" + ln.Addr().String(), logs: logs,
-		client: &Client{HTTP: &http.Client{Timeout: 30 * time.Second}, Token: dispatchToken}}
+		client: &Client{HTTP: validated, Token: dispatchToken}, http: validated}
 }
 
 // dispatch builds a request for this agent's epoch with a fundable deadline.

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"jobfence/internal/apitest"
 	"jobfence/jobs"
 )
 
@@ -141,7 +142,7 @@ func TestAgentKilledLeftoversSweptBeforeNewEpoch(t *testing.T) {
 		Spec: jobs.Spec{Command: []string{"/bin/sh", "-c",
 			"sleep 1000 & echo $! > " + gpid + "; echo $$ > " + wpid + ".tmp; mv " + wpid + ".tmp " + wpid + "; wait"}},
 	}
-	c := &Client{HTTP: &http.Client{Timeout: 10 * time.Second}, Token: dispatchToken}
+	c := &Client{HTTP: &http.Client{Timeout: 10 * time.Second, Transport: apitest.TransportFor(t, OpenAPI, nil)}, Token: dispatchToken}
 	if slug, err := c.Dispatch(context.Background(), reg1.Address, req); slug != "" || err != nil {
 		t.Fatalf("dispatch: %q %v", slug, err)
 	}

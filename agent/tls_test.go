@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"jobfence/internal/apitest"
 	"jobfence/jobs"
 )
 
@@ -69,7 +70,9 @@ func TestDispatchOverTLS(t *testing.T) {
 	if _, err := untrusting.Status(t.Context(), reg.Address, "x"); err == nil {
 		t.Fatal("a client without the CA trusted the listener")
 	}
-	c := &Client{HTTP: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}, Token: dispatchToken}
+	// Over TLS too, every answer is held to agent/openapi.yaml.
+	trusting := apitest.TransportFor(t, OpenAPI, &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}})
+	c := &Client{HTTP: &http.Client{Timeout: 30 * time.Second, Transport: trusting}, Token: dispatchToken}
 	req := ta.dispatch(exe(t), "helper", "exit", "0")
 	if slug, err := c.Dispatch(t.Context(), reg.Address, req); slug != "" || err != nil {
 		t.Fatalf("dispatch over TLS: %q %v", slug, err)

@@ -46,6 +46,7 @@ func runOnce(t *testing.T, f fault, seed uint64, mutation string) outcome {
 	}
 	s := &scenario{c: c, rng: mrand.New(mrand.NewPCG(seed, 11)), notes: map[string]int{}}
 	s.w = newWorkload(c, seed, 4)
+	t.Cleanup(s.w.halt)
 	c.waitLeader(20 * time.Second)
 	s.w.start()
 	s.w.pause(time.Second)

@@ -89,6 +89,7 @@ type workload struct {
 	plans   map[string]plan // by token
 	seq     int
 	stop    chan struct{}
+	halted  sync.Once
 	wg      sync.WaitGroup
 }
 
@@ -135,9 +136,10 @@ func (w *workload) start() {
 	}
 }
 
-// halt stops new submissions and waits for the submitters.
+// halt stops new submissions and waits for the submitters; a failed run's
+// cleanup calls it again.
 func (w *workload) halt() {
-	close(w.stop)
+	w.halted.Do(func() { close(w.stop) })
 	w.wg.Wait()
 }
 

@@ -2,6 +2,8 @@
 // so the contract is exercised by real traffic and not only by hand-written
 // assertions. Wrap a client's transport with Transport and every response is
 // validated (status, content type, body schema, X-Request-Id) as it arrives.
+// TransportFor does the same against another document, such as the agent's
+// agent/openapi.yaml.
 package apitest
 
 import (
@@ -12,6 +14,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 
@@ -23,39 +26,68 @@ import (
 	"jobfence"
 )
 
-var (
-	loadOnce sync.Once
-	doc      *openapi3.T
-	router   routers.Router
-	loadErr  error
-)
+// contract is one document, loaded and validated once per test binary.
+type contract struct {
+	once   sync.Once
+	doc    *openapi3.T
+	router routers.Router
+	err    error
+}
+
+// contracts maps a document's bytes to its loaded form, so the server's
+// openapi.yaml and the agent's each load once however many tests use them.
+var contracts sync.Map
+
+// Load loads and validates the OpenAPI document spec once per test binary.
+func Load(t testing.TB, spec []byte) (*openapi3.T, routers.Router) {
+	t.Helper()
+	v, _ := contracts.LoadOrStore(string(spec), &contract{})
+	c := v.(*contract)
+	c.once.Do(func() {
+		loader := openapi3.NewLoader()
+		c.doc, c.err = loader.LoadFromData(spec)
+		if c.err != nil {
+			return
+		}
+		if c.err = c.doc.Validate(context.Background()); c.err != nil {
+			return
+		}
+		// Tests listen on random ports: match routes by path only.
+		c.doc.Servers = nil
+		c.router, c.err = legacy.NewRouter(c.doc)
+	})
+	if c.err != nil {
+		t.Fatalf("openapi document %q: %v", title(spec), c.err)
+	}
+	return c.doc, c.router
+}
+
+// title names a document in a failure without printing all of it.
+func title(spec []byte) string {
+	for line := range strings.Lines(string(spec)) {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok && k == "title" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "untitled"
+}
 
 // Doc loads and validates openapi.yaml once per test binary.
 func Doc(t testing.TB) (*openapi3.T, routers.Router) {
 	t.Helper()
-	loadOnce.Do(func() {
-		loader := openapi3.NewLoader()
-		doc, loadErr = loader.LoadFromData(jobfence.OpenAPI)
-		if loadErr != nil {
-			return
-		}
-		if loadErr = doc.Validate(context.Background()); loadErr != nil {
-			return
-		}
-		// Tests listen on random ports: match routes by path only.
-		doc.Servers = nil
-		router, loadErr = legacy.NewRouter(doc)
-	})
-	if loadErr != nil {
-		t.Fatalf("openapi.yaml: %v", loadErr)
-	}
-	return doc, router
+	return Load(t, jobfence.OpenAPI)
 }
 
 // Transport wraps base (nil = http.DefaultTransport) so every response is
 // validated against openapi.yaml; a mismatch fails t.
 func Transport(t testing.TB, base http.RoundTripper) http.RoundTripper {
-	d, r := Doc(t)
+	return TransportFor(t, jobfence.OpenAPI, base)
+}
+
+// TransportFor is Transport against another document, such as the agent's.
+func TransportFor(t testing.TB, spec []byte, base http.RoundTripper) http.RoundTripper {
+	t.Helper()
+	d, r := Load(t, spec)
 	if base == nil {
 		base = http.DefaultTransport
 	}
@@ -65,6 +97,11 @@ func Transport(t testing.TB, base http.RoundTripper) http.RoundTripper {
 // Client is an http.Client whose every answer is validated.
 func Client(t testing.TB) *http.Client {
 	return &http.Client{Transport: Transport(t, nil)}
+}
+
+// ClientFor is Client against another document.
+func ClientFor(t testing.TB, spec []byte) *http.Client {
+	return &http.Client{Transport: TransportFor(t, spec, nil)}
 }
 
 type validating struct {
@@ -132,8 +169,13 @@ func (v *validating) check(req *http.Request, resp *http.Response) error {
 		AuthenticationFunc:    openapi3filter.NoopAuthenticationFunc,
 	}
 	if mt != "application/json" && mt != "application/problem+json" {
-		// YAML and Prometheus text have no JSON schema to check.
+		// YAML and Prometheus text have no JSON schema to check; their media
+		// type must still be the documented one, and a documented string
+		// schema (an enum, a length) still binds the text.
 		opts.ExcludeResponseBody = true
+		if err := checkText(route.Operation, resp, body); err != nil {
+			return err
+		}
 	}
 	in := &openapi3filter.ResponseValidationInput{
 		RequestValidationInput: &openapi3filter.RequestValidationInput{
@@ -145,6 +187,33 @@ func (v *validating) check(req *http.Request, resp *http.Response) error {
 	}
 	in.SetBodyBytes(body)
 	return openapi3filter.ValidateResponse(context.Background(), in)
+}
+
+// checkText holds a non-JSON answer to the media type and string schema
+// documented for its status.
+func checkText(op *openapi3.Operation, resp *http.Response, body []byte) error {
+	if op == nil || op.Responses == nil {
+		return nil
+	}
+	ref := op.Responses.Status(resp.StatusCode)
+	if ref == nil {
+		ref = op.Responses.Default()
+	}
+	if ref == nil || ref.Value == nil || len(ref.Value.Content) == 0 {
+		return nil
+	}
+	ct := resp.Header.Get("Content-Type")
+	media := ref.Value.Content.Get(ct)
+	if media == nil {
+		return fmt.Errorf("answer as %q, not a documented media type", ct)
+	}
+	if media.Schema == nil || media.Schema.Value == nil || !media.Schema.Value.Type.Is(openapi3.TypeString) {
+		return nil
+	}
+	if err := media.Schema.Value.VisitJSON(string(body)); err != nil {
+		return fmt.Errorf("text body: %w", err)
+	}
+	return nil
 }
 
 func (v *validating) checkProblem(resp *http.Response, body []byte) error {

@@ -34,6 +34,7 @@ type CorruptRecord struct {
 // view is the read model's data at one revision.
 type view struct {
 	jobs         map[string]*jobs.Job
+	active       map[string]*jobs.Job // unresolved or holding a slot: see ActiveJobs
 	corrupt      map[string]CorruptRecord
 	fences       map[string]string // normalized target -> job id
 	quotaGlobal  map[int]string
@@ -41,13 +42,14 @@ type view struct {
 	slots        map[string]map[string]string // agent -> job id -> value
 	agents       map[string]*jobs.Agent
 	idem         map[string]idemRecord // idem hash -> record
+	waiters      []waiter              // WaitSynced callers, carried across relists
 	settings     Settings
 	admissionRev int64 // ModRevision of the admission setting (0 = absent)
 }
 
 func newView() *view {
 	return &view{
-		jobs: map[string]*jobs.Job{}, corrupt: map[string]CorruptRecord{},
+		jobs: map[string]*jobs.Job{}, active: map[string]*jobs.Job{}, corrupt: map[string]CorruptRecord{},
 		fences: map[string]string{}, quotaGlobal: map[int]string{}, quotaScope: map[string]map[int]string{},
 		slots: map[string]map[string]string{}, agents: map[string]*jobs.Agent{}, idem: map[string]idemRecord{},
 		settings: Settings{AdmissionOpen: true},
@@ -196,6 +198,7 @@ func (s *Store) applyPrepared(v *view, kv preparedKV) (Change, error) {
 	case kindJob:
 		ch.Kind, ch.ID = "job", p.id
 		delete(v.jobs, p.id)
+		delete(v.active, p.id)
 		delete(v.corrupt, p.id)
 		if deleted {
 			return ch, nil
@@ -205,6 +208,9 @@ func (s *Store) applyPrepared(v *view, kv preparedKV) (Change, error) {
 			return ch, nil
 		}
 		v.jobs[p.id] = kv.job
+		if active(kv.job) {
+			v.active[p.id] = kv.job
+		}
 	case kindFence:
 		ch.Kind, ch.ID = "fence", p.target
 		if deleted {
@@ -423,12 +429,14 @@ func (s *Store) relist(ctx context.Context) (int64, error) {
 		return 0, ctx.Err()
 	}
 	s.mu.Lock()
+	v.waiters = s.v.waiters // callers waiting on the old view wait on this one
 	s.v = v
 	s.setRevLocked(rev)
 	if rev > s.latest {
 		s.latest = rev
 	}
 	s.ready = true
+	s.wakeLocked()
 	s.mu.Unlock()
 	s.publish(Change{Kind: "resync", Revision: rev})
 	if n > relistFreeAbove {
@@ -493,14 +501,37 @@ func (s *Store) watch(ctx context.Context, w clientv3.Watcher, rev int64) error 
 	return errors.New("watch closed")
 }
 
-// setRevLocked moves the cursor forward and wakes WaitSynced callers.
+// waiter is one WaitSynced caller. Each is woken only when the cursor
+// reaches its revision: with many concurrent writers, waking all of them on
+// every watch response cost more than the responses themselves.
+type waiter struct {
+	rev int64
+	ch  chan struct{}
+}
+
+// setRevLocked moves the cursor forward and wakes the WaitSynced callers it
+// satisfies.
 func (s *Store) setRevLocked(rev int64) {
-	if rev <= s.rev && s.ready {
+	if rev > s.rev || !s.ready {
+		s.rev = rev
+	}
+	s.wakeLocked()
+}
+
+func (s *Store) wakeLocked() {
+	if !s.ready {
 		return
 	}
-	s.rev = rev
-	close(s.advance)
-	s.advance = make(chan struct{})
+	keep := s.v.waiters[:0]
+	for _, w := range s.v.waiters {
+		if w.rev <= s.rev {
+			close(w.ch)
+		} else {
+			keep = append(keep, w)
+		}
+	}
+	clear(s.v.waiters[len(keep):])
+	s.v.waiters = keep
 }
 
 // progressGrace is how long WaitSynced waits for the watch before asking
@@ -512,29 +543,35 @@ const progressGrace = 5 * time.Millisecond
 
 // WaitSynced blocks until this replica's view reflects rev.
 func (s *Store) WaitSynced(ctx context.Context, rev int64) error {
-	var timer *time.Timer
+	s.mu.RLock()
+	done := s.ready && s.rev >= rev
+	s.mu.RUnlock()
+	if done {
+		return nil
+	}
+	ch := make(chan struct{})
+	s.mu.Lock()
+	if s.ready && s.rev >= rev {
+		s.mu.Unlock()
+		return nil
+	}
+	s.v.waiters = append(s.v.waiters, waiter{rev: rev, ch: ch})
+	s.mu.Unlock()
+	timer := time.NewTimer(progressGrace)
+	defer timer.Stop()
 	for {
-		s.mu.RLock()
-		done, ready, ch := s.ready && s.rev >= rev, s.ready, s.advance
-		s.mu.RUnlock()
-		if done {
-			if timer != nil {
-				timer.Stop()
-			}
-			return nil
-		}
-		if timer == nil {
-			timer = time.NewTimer(progressGrace)
-		}
 		select {
-		case <-ctx.Done():
-			timer.Stop()
-			return ctx.Err()
 		case <-ch:
+			return nil
+		case <-ctx.Done():
+			s.mu.Lock()
+			s.v.waiters = slices.DeleteFunc(s.v.waiters, func(w waiter) bool { return w.ch == ch })
+			s.mu.Unlock()
+			return ctx.Err()
 		case <-timer.C:
 			// Revisions written under other prefixes produce no event here;
 			// a progress notification moves the cursor past them.
-			if ready {
+			if s.Ready() {
 				s.requestProgress(ctx)
 			}
 			timer.Reset(200 * time.Millisecond)
@@ -646,6 +683,28 @@ func (s *Store) Jobs(filter func(*jobs.Job) bool) []*jobs.Job {
 	for _, j := range s.v.jobs {
 		if filter == nil || filter(j) {
 			out = append(out, s.blocked.decorate(j.Clone()))
+		}
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].ID < out[b].ID })
+	return out
+}
+
+// active: a job some leader work may still concern. A resolved job holds
+// no fence or quota, and once its slot is released nothing changes it but
+// retention.
+func active(j *jobs.Job) bool { return !j.Resolved || j.Slot.Held }
+
+// ActiveJobs is Jobs over the unresolved jobs and those still holding a
+// slot, in id order. Its cost follows the working set, not the retained
+// history: a leader's rounds that look only at such jobs stay cheap with
+// any number of resolved jobs kept.
+func (s *Store) ActiveJobs(filter func(*jobs.Job) bool) []*jobs.Job {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var out []*jobs.Job
+	for _, j := range s.v.active {
+		if filter == nil || filter(j) {
+			out = append(out, j.Clone())
 		}
 	}
 	sort.Slice(out, func(a, b int) bool { return out[a].ID < out[b].ID })

@@ -129,3 +129,43 @@ func TestAdmitAnswersTheStoredRecord(t *testing.T) {
 		t.Fatalf("revisions not filled: %d / %d", got.Revision, got.History[0].Revision)
 	}
 }
+
+// ActiveJobs sees exactly the jobs that are unresolved or hold a slot, as
+// the watch changes them and after a fresh list.
+func TestActiveJobsFollowResolution(t *testing.T) {
+	h := newHarness(t, nil)
+	kept := h.admit("s/kept")
+	gone := h.admit("s/gone")
+	if _, err := h.st.Cancel(h.ctx, gone.ID, "bob"); err != nil {
+		t.Fatal(err)
+	}
+	check := func(st *Store) {
+		t.Helper()
+		var ids []string
+		for _, j := range st.ActiveJobs(nil) {
+			ids = append(ids, j.ID)
+		}
+		if !reflect.DeepEqual(ids, []string{kept.ID}) {
+			t.Fatalf("active %v, want only %s", ids, kept.ID)
+		}
+		if n := len(st.Jobs(nil)); n != 2 {
+			t.Fatalf("%d jobs in the view, want 2", n)
+		}
+		if got := st.ActiveJobs(func(j *jobs.Job) bool { return j.State == jobs.Running }); len(got) != 0 {
+			t.Fatalf("filter ignored: %v", got)
+		}
+	}
+	check(h.st)
+	other, err := New(Config{Client: h.cli, Prefix: h.prefix, Defaults: testDefaults})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(h.ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = other.Run(rctx) }()
+	defer func() { cancel(); <-done }()
+	if err := other.WaitSynced(h.ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	check(other)
+}
