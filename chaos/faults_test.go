@@ -127,11 +127,10 @@ func killAgent(s *scenario) {
 
 // F3: the leader is stopped for longer than the election TTL, a new leader
 // is elected, and the old one resumes believing it still leads. In the
-// second round the other replicas are stopped too, for longer than a job's
-// deadline, before the old leader resumes: its view is then exactly etcd's
-// (nobody else could write, not even a result) and its first round has
-// writes to try, the deadlines that passed while all were stopped. Only
-// the leader compare stops them.
+// second round the other replicas are stopped too just before the old
+// leader resumes, so its view is exactly etcd's (nobody else wrote since)
+// and its first round has writes to try: deadlines that passed while all
+// were stopped, jobs still PENDING. Only the leader compare stops them.
 func pauseLeader(s *scenario) {
 	for i := range 2 {
 		s.wait(500*time.Millisecond, 1500*time.Millisecond)
@@ -151,7 +150,7 @@ func pauseLeader(s *scenario) {
 				}
 			}
 			s.note("successors_paused")
-			s.wait(5500*time.Millisecond, 6500*time.Millisecond)
+			s.wait(1500*time.Millisecond, 2500*time.Millisecond)
 		} else {
 			s.wait(300*time.Millisecond, 1200*time.Millisecond)
 		}
