@@ -25,7 +25,9 @@ import (
 // from the watch-fed read model; every write is one identity-compared
 // transaction, and the leader-only ones also compare the election key.
 type DispatchStore interface {
-	Jobs(filter func(*jobs.Job) bool) []*jobs.Job
+	// ActiveJobs scans only unresolved or slot-holding jobs, so an idle round
+	// costs nothing per retained terminal job.
+	ActiveJobs(filter func(*jobs.Job) bool) []*jobs.Job
 	Get(ctx context.Context, id string) (*jobs.Job, error)
 	Agents() []store.AgentView
 	Settings() store.Settings
@@ -247,7 +249,7 @@ func (d *Dispatcher) endTerm(ctx context.Context, err error) error {
 // RUNNING job without a report is asked about through the tombstone
 // endpoint, exactly as after a transport error.
 func (d *Dispatcher) takeOver(ctx context.Context, t *term) error {
-	for _, j := range d.store.Jobs(func(j *jobs.Job) bool {
+	for _, j := range d.store.ActiveJobs(func(j *jobs.Job) bool {
 		return j.State.Terminal() && j.RefreshState == jobs.RefreshRunning
 	}) {
 		if _, err := d.store.DowngradeRefresh(ctx, t.l, j.ID, j.Revision); err != nil {
@@ -259,7 +261,7 @@ func (d *Dispatcher) takeOver(ctx context.Context, t *term) error {
 		}
 		d.log.Info("refresh_downgraded", "job_id", j.ID)
 	}
-	for _, j := range d.store.Jobs(func(j *jobs.Job) bool {
+	for _, j := range d.store.ActiveJobs(func(j *jobs.Job) bool {
 		return j.State == jobs.Running && j.Dispatch != nil
 	}) {
 		t.unsure[j.ID] = struct{}{}
@@ -306,7 +308,7 @@ func (d *Dispatcher) budget(ctx context.Context) (context.Context, context.Cance
 // becomes UNKNOWN. The deadline bounds the wait; it proves nothing about the
 // process, so slot, fence and quota stay held.
 func (d *Dispatcher) deadlineSweep(ctx context.Context, t *term, now time.Time) error {
-	expired := d.store.Jobs(func(j *jobs.Job) bool {
+	expired := d.store.ActiveJobs(func(j *jobs.Job) bool {
 		return j.State == jobs.Running && j.Dispatch != nil && now.After(j.Dispatch.Deadline)
 	})
 	if len(expired) == 0 {
@@ -348,7 +350,7 @@ func (d *Dispatcher) epochSweep(ctx context.Context, t *term) error {
 	for _, a := range d.store.Agents() {
 		epochs[a.ID] = a.Epoch
 	}
-	replaced := d.store.Jobs(func(j *jobs.Job) bool {
+	replaced := d.store.ActiveJobs(func(j *jobs.Job) bool {
 		if !j.Slot.Held || j.Dispatch == nil {
 			return false
 		}
@@ -476,7 +478,7 @@ func (d *Dispatcher) classifyRunning(ctx context.Context, t *term, j *jobs.Job, 
 
 // dispatchPhase sends PENDING jobs in id order, at most PerRound per round.
 func (d *Dispatcher) dispatchPhase(ctx context.Context, t *term) error {
-	pending := d.store.Jobs(func(j *jobs.Job) bool { return j.State == jobs.Pending })
+	pending := d.store.ActiveJobs(func(j *jobs.Job) bool { return j.State == jobs.Pending })
 	d.pruneBlocked(pending)
 	if len(pending) == 0 || d.store.Settings().DispatchPaused {
 		return nil

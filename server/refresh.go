@@ -23,7 +23,7 @@ const maxRefreshesInFlight = 8
 // FAILED lands when it returns. A refresh left RUNNING by a lost leader was
 // downgraded by takeOver, so RUNNING here is always this term's own call.
 func (d *Dispatcher) refreshPhase(ctx context.Context, t *term, now time.Time) error {
-	due := d.store.Jobs(func(j *jobs.Job) bool {
+	due := d.store.ActiveJobs(func(j *jobs.Job) bool {
 		if j.Resolved || j.Force != nil || (j.State != jobs.Committed && j.State != jobs.NotCommitted) {
 			return false
 		}

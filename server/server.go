@@ -241,12 +241,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		Defaults:  cfg.Defaults,
 		ReplicaID: cfg.ReplicaID,
 		Leader:    s.leader.get,
-		Ready: func(ctx context.Context) error {
-			// A linearizable read needs a quorum; one key of our own prefix
-			// keeps it cheap whatever the data size.
-			_, err := cli.Get(ctx, cfg.Prefix+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(1))
-			return err
-		},
+		Ready:     st.Ping,
 		OpenAPI:    jobfence.OpenAPI,
 		Registry:   s.metrics.Registry(),
 		Admissions: s.metrics,

@@ -33,7 +33,6 @@ type Store struct {
 	rev     int64
 	latest  int64
 	ready   bool
-	advance chan struct{}
 	relists atomic.Uint64
 	watcher atomic.Pointer[clientv3.Watcher]
 
@@ -79,7 +78,6 @@ func New(cfg Config) (*Store, error) {
 		cfg: cfg, cli: cfg.Client, k: keys{prefix: cfg.Prefix}, log: cfg.Logger,
 		now:      func() time.Time { return cfg.Now().UTC() },
 		v:        newView(),
-		advance:  make(chan struct{}),
 		subs:     map[*subscriber]struct{}{},
 		reserved: map[string]struct{}{}, resFreed: make(chan struct{}),
 	}, nil
