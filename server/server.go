@@ -235,13 +235,13 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	s.metrics.SetSnapshot(snapshot(st))
 	s.metrics.SetLeader(false)
 	api := handlers.New(handlers.Config{
-		Store:     st,
-		Auth:      s.auth,
-		Logger:    lg.With("component", "http"),
-		Defaults:  cfg.Defaults,
-		ReplicaID: cfg.ReplicaID,
-		Leader:    s.leader.get,
-		Ready:     st.Ping,
+		Store:      st,
+		Auth:       s.auth,
+		Logger:     lg.With("component", "http"),
+		Defaults:   cfg.Defaults,
+		ReplicaID:  cfg.ReplicaID,
+		Leader:     s.leader.get,
+		Ready:      st.Ping,
 		OpenAPI:    jobfence.OpenAPI,
 		Registry:   s.metrics.Registry(),
 		Admissions: s.metrics,
