@@ -9,8 +9,9 @@ LISTEN    ?= 127.0.0.1:8080
 build:
 	$(GO) build -o $(BIN) ./cmd/jobfence
 
-# Server on embedded etcd (plus a local agent once one is available), with a
-# generated tokens file; prints the dashboard address, the tokens and a curl line.
+# Server on embedded etcd plus a local agent (run as root: the agent creates
+# worker cgroups), with a generated tokens file; prints the dashboard address,
+# the tokens and a curl line that submits a job which reaches COMMITTED.
 run: build
 	$(BIN) dev --listen $(LISTEN) --data-dir $(DATA_DIR)
 
