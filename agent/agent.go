@@ -22,8 +22,8 @@ import (
 
 	jsonv2 "github.com/go-json-experiment/json"
 	"github.com/go-json-experiment/json/jsontext"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"jobfence/internal/metrics"
 	"jobfence/isolation"
 	"jobfence/jobs"
 )
@@ -32,7 +32,7 @@ import (
 type Agent struct {
 	cfg   Config
 	log   *slog.Logger
-	m     *metrics
+	m     *metrics.Agent
 	host  *isolation.Host
 	epoch string
 	queue chan *invocation
@@ -64,7 +64,7 @@ func New(cfg Config) (*Agent, error) {
 	return &Agent{
 		cfg:         cfg,
 		log:         cfg.Logger.With("agent_id", cfg.ID),
-		m:           newMetrics(),
+		m:           metrics.NewAgent(),
 		queue:       make(chan *invocation, max(cfg.QueueSize, 1)),
 		invocations: map[string]*invocation{},
 		ready:       make(chan struct{}),
@@ -97,7 +97,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.host, a.epoch = host, host.Epoch()
 	rep := host.Report()
 	if rep.Verified {
-		a.m.verified.Set(1)
+		a.m.SetIsolationVerified(true)
 	} else {
 		a.log.Error("isolation unverified: every dispatch will be refused", "detail", rep.Detail)
 	}
@@ -151,7 +151,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			drained = true
 		}
 	}
-	a.m.queueDepth.Set(0)
+	a.m.SetQueueDepth(0)
 	wg.Wait()
 	a.cfg.HTTPClient.CloseIdleConnections()
 	return runErr
@@ -169,7 +169,7 @@ func (a *Agent) routeTable() []route {
 		{"POST /v1/dispatches", a.auth(a.handleDispatch)},
 		{"GET /v1/invocations/{id}", a.auth(a.handleStatus)},
 		{"POST /v1/invocations/{id}/tombstone", a.auth(a.handleTombstone)},
-		{"GET /metrics", promhttp.HandlerFor(a.m.reg, promhttp.HandlerOpts{})},
+		{"GET /metrics", a.m.Handler()},
 		{"GET /healthz", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })},
 		{"GET /openapi.yaml", http.HandlerFunc(serveOpenAPI)},
 	}
@@ -352,7 +352,7 @@ func (a *Agent) handleDispatch(w http.ResponseWriter, r *http.Request) {
 	inv := &invocation{id: req.InvocationID, status: StatusQueued, expires: req.Deadline.Add(a.cfg.Retention), req: &req}
 	a.invocations[req.InvocationID] = inv
 	a.queue <- inv
-	a.m.queueDepth.Set(float64(len(a.queue)))
+	a.m.SetQueueDepth(len(a.queue))
 	a.mu.Unlock()
 	a.log.Info("dispatch accepted", "job_id", req.JobID, "invocation_id", req.InvocationID, "deadline", req.Deadline)
 	writeJSON(w, http.StatusAccepted, InvocationStatus{Status: StatusQueued})

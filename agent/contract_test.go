@@ -17,6 +17,7 @@ import (
 	"github.com/getkin/kin-openapi/openapi3"
 
 	"jobfence/internal/apitest"
+	"jobfence/internal/metrics"
 	"jobfence/jobs"
 )
 
@@ -34,7 +35,7 @@ var pathParam = regexp.MustCompile(`\{[^}]*\}`)
 
 // bareAgent has what the router needs and nothing that runs.
 func bareAgent() *Agent {
-	return &Agent{cfg: Config{DispatchToken: "contract-token"}, m: newMetrics()}
+	return &Agent{cfg: Config{DispatchToken: "contract-token"}, m: metrics.NewAgent()}
 }
 
 // TestContractRoutesMatchOpenAPI walks the listener's route table and the

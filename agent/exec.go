@@ -27,10 +27,10 @@ func (a *Agent) executor(ctx, runCtx context.Context) {
 		case <-ctx.Done():
 			return
 		case inv := <-a.queue:
-			a.m.queueDepth.Set(float64(len(a.queue)))
-			a.m.inflight.Inc()
+			a.m.SetQueueDepth(len(a.queue))
+			a.m.AddInflightWorkers(1)
 			a.execute(ctx, runCtx, inv)
-			a.m.inflight.Dec()
+			a.m.AddInflightWorkers(-1)
 		}
 	}
 }
@@ -59,7 +59,7 @@ func (a *Agent) execute(ctx, runCtx context.Context, inv *invocation) {
 		}
 	}
 	env.Detail = sanitize(env.Detail, req.Credentials)
-	a.m.outcomes.WithLabelValues(string(env.Code)).Inc()
+	a.m.Outcome(string(env.Code))
 	log.Info("invocation finished", "code", string(env.Code), "phase", string(env.Phase), "proof", string(env.Proof))
 	a.report(ctx, inv, req, env, log)
 }
@@ -71,7 +71,7 @@ func (a *Agent) neverStarted(ctx context.Context, inv *invocation, detail string
 	a.mu.Unlock()
 	env := envelope(req)
 	env.Code, env.Phase, env.Proof, env.Detail = jobs.CodeNeverLaunched, jobs.PhasePreInvocationRejected, jobs.ProofNeverLaunched, detail
-	a.m.outcomes.WithLabelValues(string(env.Code)).Inc()
+	a.m.Outcome(string(env.Code))
 	a.report(ctx, inv, req, env, a.log.With("job_id", req.JobID, "invocation_id", req.InvocationID))
 }
 
@@ -235,7 +235,7 @@ func (a *Agent) report(ctx context.Context, inv *invocation, req DispatchRequest
 			log.Warn("result not applied by the server", "status", status, "code", string(env.Code))
 			return
 		}
-		a.m.reportFailures.Inc()
+		a.m.ReportFailure()
 		log.Warn("result report failed", "status", status, "error", errString(err), "attempt", attempt)
 		if !a.cfg.Now().Before(expires) {
 			log.Warn("invocation record expired before the report was acknowledged")

@@ -67,6 +67,10 @@ func (a *Agent) SetQueueDepth(n int) { a.queueDepth.Set(float64(n)) }
 // SetInflightWorkers records how many executors hold a dispatch.
 func (a *Agent) SetInflightWorkers(n int) { a.inflight.Set(float64(n)) }
 
+// AddInflightWorkers moves the in-flight count by delta as an executor takes
+// (+1) or finishes (-1) a dispatch.
+func (a *Agent) AddInflightWorkers(delta int) { a.inflight.Add(float64(delta)) }
+
 // Outcome counts one classified outcome; code is a jobs.ResultCode value.
 func (a *Agent) Outcome(code string) {
 	a.outcomes.WithLabelValues(known(ResultCodes, code)).Inc()
