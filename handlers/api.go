@@ -270,9 +270,11 @@ func (a *API) observe(next http.Handler) http.Handler {
 				code = http.StatusOK
 			}
 			a.requests.WithLabelValues(route, strconv.Itoa(code)).Inc()
-			a.Logger.DebugContext(r.Context(), "http_request",
-				"request_id", w.Header().Get("X-Request-Id"), "method", r.Method, "route", route,
-				"status", code, "duration_ms", time.Since(start).Milliseconds())
+			if a.Logger.Enabled(r.Context(), slog.LevelDebug) {
+				a.Logger.DebugContext(r.Context(), "http_request",
+					"request_id", w.Header().Get("X-Request-Id"), "method", r.Method, "route", route,
+					"status", code, "duration_ms", time.Since(start).Milliseconds())
+			}
 		}()
 		next.ServeHTTP(sw, r)
 	})

@@ -6,6 +6,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"reflect"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -89,7 +90,15 @@ func Unmarshal(body []byte, v any) error {
 	}
 	// go-json-experiment rejects duplicate names and invalid UTF-8 by
 	// default, and matches names case-sensitively, so a case variant is an
-	// unknown member.
+	// unknown member. Unmarshal on the bytes also rejects anything after the
+	// object, without a stream decoder's buffer per request; a body it
+	// refuses is decoded again as a stream, only to say precisely why.
+	if json.Unmarshal(body, v, json.RejectUnknownMembers(true)) == nil {
+		return nil
+	}
+	if rv := reflect.ValueOf(v); rv.Kind() == reflect.Pointer && !rv.IsNil() {
+		rv.Elem().SetZero() // the stream decode must not merge into a partial fill
+	}
 	dec := jsontext.NewDecoder(bytes.NewReader(body))
 	if err := json.UnmarshalDecode(dec, v, json.RejectUnknownMembers(true)); err != nil {
 		return malformed(err)

@@ -14,6 +14,14 @@ type health struct {
 	Status string `json:"status"`
 }
 
+// Ready is the body of a 200 from /readyz. The replica's cursor is there so
+// the other replicas can show it on their overview without a credential:
+// revisions are not secrets, and no token travels between replicas.
+type Ready struct {
+	Status  string        `json:"status"`
+	Replica StatusReplica `json:"replica"`
+}
+
 // healthz says only that the process serves HTTP.
 func (a *API) healthz(w http.ResponseWriter, r *http.Request) error {
 	return WriteJSON(w, http.StatusOK, health{Status: "ok"})
@@ -32,7 +40,8 @@ func (a *API) readyz(w http.ResponseWriter, r *http.Request) error {
 			return &problem.NotReadyError{What: "etcd"}
 		}
 	}
-	return WriteJSON(w, http.StatusOK, health{Status: "ready"})
+	cur := a.Store.Cursor()
+	return WriteJSON(w, http.StatusOK, Ready{Status: "ready", Replica: StatusReplica{ID: a.replicaID, Cursor: cur.Revision, Lag: cur.Lag}})
 }
 
 func (a *API) openapi(w http.ResponseWriter, r *http.Request) error {

@@ -179,7 +179,7 @@ func (a *API) listJobs(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	list, next, err := a.Store.List(f)
+	list, next, err := a.Store.List(r.Context(), f)
 	if err != nil {
 		return err
 	}

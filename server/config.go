@@ -48,12 +48,23 @@ type Config struct {
 	// EtcdClusterState is "new" (default) or "existing" (joining a cluster
 	// that already runs, after `etcdctl member add`).
 	EtcdClusterState string
+	// EtcdQuotaBackendBytes caps the embedded member's backend; past it etcd
+	// raises the NOSPACE alarm and refuses writes until an operator reclaims
+	// space. 0 keeps etcd's default. Unused with EtcdEndpoints.
+	EtcdQuotaBackendBytes int64
 
 	// TLSCert and TLSKey serve the HTTP listener over TLS (both or neither).
 	TLSCert, TLSKey string
 	// TLSCA verifies agents' certificates when dispatching; empty uses the
 	// system roots.
 	TLSCA string
+
+	// AdvertiseURL is this replica's API base URL as the other replicas
+	// reach it (http(s)://host:port), published in the replica registry so
+	// their overviews can show this replica's read-model cursor. Empty:
+	// derived from the bound listen address, an unspecified host (0.0.0.0,
+	// ::) becoming 127.0.0.1, https when TLSCert is set.
+	AdvertiseURL string
 
 	// TokensFile is the JSON array of {subject, role, token}; required.
 	TokensFile string
@@ -228,6 +239,12 @@ func (c *Config) Validate() error {
 			bad("etcd-initial-cluster must list this member as %s=%s", c.EtcdName, c.EtcdPeerURL)
 		}
 	}
+	if c.EtcdQuotaBackendBytes < 0 {
+		bad("etcd-quota-backend-bytes must not be negative")
+	}
+	if c.EtcdQuotaBackendBytes != 0 && len(c.EtcdEndpoints) > 0 {
+		bad("etcd-quota-backend-bytes configures the embedded member: not with etcd-endpoints")
+	}
 	switch c.EtcdClusterState {
 	case "", "new", "existing":
 	default:
@@ -258,6 +275,11 @@ func (c *Config) Validate() error {
 	if c.Defaults.DeadlineSeconds < 1 || c.Defaults.DeadlineSeconds > 604800 {
 		bad("default deadline must be 1-604800 seconds")
 	}
+	if c.AdvertiseURL != "" {
+		if err := checkAdvertiseURL(c.AdvertiseURL); err != nil {
+			bad("advertise-url %q %v", c.AdvertiseURL, err)
+		}
+	}
 	if c.ElectionTTL < time.Second {
 		bad("election-ttl must be at least 1s, got %s", c.ElectionTTL)
 	}
@@ -273,4 +295,42 @@ func (c *Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// checkAdvertiseURL accepts a base URL other replicas can call: http or
+// https, a host, and nothing a base does not have.
+func checkAdvertiseURL(raw string) error {
+	u, err := url.Parse(raw)
+	switch {
+	case err != nil:
+		return errors.New("is not a URL")
+	case u.Scheme != "http" && u.Scheme != "https":
+		return errors.New("must be http:// or https://")
+	case u.Host == "" || u.Hostname() == "":
+		return errors.New("has no host")
+	case u.User != nil || u.RawQuery != "" || u.Fragment != "" || (u.Path != "" && u.Path != "/"):
+		return errors.New("must be a base URL (no user, path, query or fragment)")
+	}
+	return nil
+}
+
+// advertiseURL is the base URL this replica registers: the configured one,
+// or one derived from the address the listener is bound to (bound rather
+// than configured, so port 0 resolves to the real port).
+func advertiseURL(configured, bound string, tls bool) string {
+	if configured != "" {
+		return strings.TrimSuffix(configured, "/")
+	}
+	host, port, err := net.SplitHostPort(bound)
+	if err != nil {
+		return ""
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = "127.0.0.1"
+	}
+	scheme := "http"
+	if tls {
+		scheme = "https"
+	}
+	return scheme + "://" + net.JoinHostPort(host, port)
 }

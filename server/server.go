@@ -127,12 +127,13 @@ func (s *Server) connect() (*clientv3.Client, <-chan error, func() error, error)
 			return nil, nil, nil, fmt.Errorf("data dir: %w", err)
 		}
 		e, err := etcdembed.Start(etcdembed.Config{
-			DataDir:        dir,
-			Name:           s.cfg.EtcdName,
-			PeerURL:        s.cfg.EtcdPeerURL,
-			ClientURL:      s.cfg.EtcdClientURL,
-			InitialCluster: s.cfg.EtcdInitialCluster,
-			ClusterState:   s.cfg.EtcdClusterState,
+			DataDir:           dir,
+			Name:              s.cfg.EtcdName,
+			PeerURL:           s.cfg.EtcdPeerURL,
+			ClientURL:         s.cfg.EtcdClientURL,
+			InitialCluster:    s.cfg.EtcdInitialCluster,
+			ClusterState:      s.cfg.EtcdClusterState,
+			QuotaBackendBytes: s.cfg.EtcdQuotaBackendBytes,
 			// A member of a cluster waits for a quorum of its peers, which
 			// may start well after it.
 			StartTimeout: embedStartTimeout(s.cfg),
@@ -185,6 +186,7 @@ func (s *Server) tlsConfig() (*tls.Config, error) {
 }
 
 // Run serves until ctx ends or a part fails, then shuts down in this order:
+//  0. revoke the replica registry lease, so other replicas stop listing it;
 //  1. stop accepting and end event streams, so no new write starts;
 //  2. drain in-flight requests (bounded by ShutdownTimeout), so an admitted
 //     job's 201 is not cut off;
@@ -246,9 +248,22 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		Registry:   s.metrics.Registry(),
 		Admissions: s.metrics,
 	})
+	advertise := advertiseURL(cfg.AdvertiseURL, listener.Addr().String(), s.listenTLS != nil)
+	reg, err := store.NewReplicaRegistration(cli, cfg.Prefix,
+		store.ReplicaInfo{ID: cfg.ReplicaID, URL: advertise, StartedAt: cfg.Now().UTC()},
+		cfg.ElectionTTL, lg.With("component", "registry"))
+	if err != nil {
+		return fmt.Errorf("replica registry: %w", err)
+	}
+	peerTLS := s.agentTLS
+	if peerTLS == nil {
+		peerTLS, _ = tlsconfig.Client("")
+	}
+	peers := newReplicaPeers(cfg.ReplicaID, st.Replicas, peerTLS)
+	defer peers.client.CloseIdleConnections()
 	var dash interface{ CloseStreams() }
 	if !cfg.NoDashboard {
-		d := dashboard(cfg, api)
+		d := dashboard(cfg, api, peers)
 		api.Web, api.Events, dash = d, d.Events(), d
 	}
 	srv := &http.Server{
@@ -290,6 +305,20 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		}
 	}()
 
+	// Listed before serving, so a started replica is on the others'
+	// overviews and an idle cluster's revision stands still from here.
+	regStart, cancelRegStart := context.WithTimeout(context.Background(), 5*time.Second)
+	if err := reg.Register(regStart); err != nil {
+		lg.Warn("replica_register_failed", "replica_id", cfg.ReplicaID, "err", err.Error())
+	}
+	cancelRegStart()
+	regCtx, stopRegistration := context.WithCancel(context.Background())
+	regDone := make(chan struct{})
+	go func() {
+		defer close(regDone)
+		_ = reg.Run(regCtx)
+	}()
+
 	serveDone := make(chan struct{})
 	go func() {
 		defer close(serveDone)
@@ -312,6 +341,9 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		lg.Error("server_failed", "err", runErr.Error())
 	}
 
+	// 0: leave the replica registry, so the other overviews stop asking.
+	stopRegistration()
+	<-regDone
 	// 1 + 2: stop accepting, end streams, drain.
 	api.CloseStreams()
 	if dash != nil {

@@ -143,7 +143,7 @@ const overflowJS = `(() => {
 // dialog with a note, and the row disappears without a reload. It saves a
 // screenshot of every page at 1280 and 390 pixels wide.
 func TestBrowserForceRelease(t *testing.T) {
-	h := newHarness(t)
+	h := newHarness(t, withPeers)
 	ctx := newBrowser(t)
 	target := "warehouse.orders/idx_customer"
 	j := h.unknown("warehouse.orders/IDX_Customer")

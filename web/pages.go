@@ -36,8 +36,13 @@ func (d *Dashboard) overview(w http.ResponseWriter, r *http.Request) {
 			if rp.ID == d.cfg.ReplicaID {
 				continue
 			}
-			v.Replicas = append(v.Replicas, ReplicaView{ID: rp.ID, Cursor: rp.Cursor, Lag: rp.Lag})
+			v.Replicas = append(v.Replicas, ReplicaView{ID: rp.ID, Cursor: rp.Cursor, Lag: rp.Lag,
+				Unreachable: rp.Unreachable, Detail: rp.Detail})
 		}
+	}
+	slices.SortFunc(v.Replicas, func(a, b ReplicaView) int { return cmp.Compare(a.ID, b.ID) })
+	for i := range v.Replicas {
+		v.Replicas[i].Leader = v.Leader.Known && v.Replicas[i].ID == v.Leader.ID
 	}
 	st := d.cfg.Store.Settings()
 	v.AdmissionOpen, v.DispatchPaused = st.AdmissionOpen, st.DispatchPaused
@@ -149,7 +154,7 @@ func (d *Dashboard) jobsList(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	token := q.Get("page_token")
-	list, next, err := d.cfg.Store.List(store.ListFilter{
+	list, next, err := d.cfg.Store.List(r.Context(), store.ListFilter{
 		State:     jobs.State(v.State),
 		Scope:     v.Scope,
 		Target:    v.Target,

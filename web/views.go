@@ -87,6 +87,10 @@ type ReplicaView struct {
 	Cursor int64
 	Lag    int64
 	Self   bool
+	Leader bool
+	// Unreachable: no cursor is known (Detail says why); never shown as 0.
+	Unreachable bool
+	Detail      string
 }
 
 // CountView is the number of jobs in one state.

@@ -26,7 +26,7 @@ type Store interface {
 	Fences() []store.Fence
 	Slots() []store.Slot
 	Agents() []store.AgentView
-	List(f store.ListFilter) ([]*jobs.Job, string, error)
+	List(ctx context.Context, f store.ListFilter) ([]*jobs.Job, string, error)
 	Get(ctx context.Context, id string) (*jobs.Job, error)
 	Counts() map[jobs.State]int
 	QuotaUse() (global int, perScope map[string]int)
@@ -43,6 +43,10 @@ type Replica struct {
 	ID     string
 	Cursor int64
 	Lag    int64
+	// Unreachable: the replica is registered but gave no cursor (Cursor and
+	// Lag are then meaningless); Detail says why in words.
+	Unreachable bool
+	Detail      string
 }
 
 // Config wires a Dashboard. Store and Authenticate are required.
@@ -56,8 +60,9 @@ type Config struct {
 	Leader func() (id string, since time.Time, electionRevision int64)
 	// ReplicaID names this replica on the overview.
 	ReplicaID string
-	// Replicas lists the other replicas' cursors when the server knows them;
-	// nil shows this replica only.
+	// Replicas lists the other registered replicas with their cursors (or
+	// why there is none); nil shows this replica only. It is called on every
+	// overview render, so it should answer from a cache.
 	Replicas func() []Replica
 	// QuotaGlobal and QuotaPerScope are shown beside quota use; 0 hides them.
 	QuotaGlobal   int

@@ -24,6 +24,7 @@ trap 'kill $pids 2>/dev/null; wait' INT TERM EXIT
 for i in 1 2 3; do
 	"$BIN" server \
 		--listen 127.0.0.1:${i}8080 \
+		--advertise-url http://127.0.0.1:${i}8080 \
 		--data-dir "$DIR/n$i" \
 		--replica-id n$i \
 		--tokens-file "$DIR/tokens.json" \

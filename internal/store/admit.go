@@ -112,8 +112,10 @@ func (s *Store) Admit(ctx context.Context, in AdmitInput) (*jobs.Job, bool, erro
 			s.transitioned(jobs.EventAdmit)
 			// The record as written, with what only the commit knows filled
 			// in the way decodeJob fills it, without decoding what was just
-			// encoded.
-			out := j.Clone()
+			// encoded. j was built by this call and shared with nobody (the
+			// read model decodes its own copy from the watch), so it is the
+			// caller's without a clone.
+			out := j
 			out.Revision = rev
 			for i := range out.History {
 				if out.History[i].Revision == 0 {

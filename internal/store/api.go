@@ -138,7 +138,7 @@ type Change struct {
 //
 //	(*Store).Admit(ctx, AdmitInput) (job *jobs.Job, created bool, err error)
 //	(*Store).Get(ctx, id) (*jobs.Job, error)          // read model; jobs.ErrNotFound
-//	(*Store).List(ListFilter) (jobs []*jobs.Job, next string, err error)
+//	(*Store).List(ctx, ListFilter) (jobs []*jobs.Job, next string, err error) // summaries; resolved records read from etcd
 //	(*Store).Cancel(ctx, id, actor) (*jobs.Job, error)
 //	(*Store).ForceRelease(ctx, id, actor, note) (*jobs.Job, error)
 //	(*Store).Fences() []Fence
@@ -159,7 +159,7 @@ type Change struct {
 //	(*Store).MarkRefreshRunning / MarkRefreshDone / MarkRefreshFailed(ctx, l, id, rev[, errText]) (*jobs.Job, error)
 //	(*Store).DowngradeRefresh(ctx, l, id, rev) (*jobs.Job, error)
 //	(*Store).RemoveResolved(ctx, olderThan time.Time, batch int) (removed int, err error)
-//	(*Store).Jobs(filter func(*jobs.Job) bool) []*jobs.Job // read-model scan for the dispatcher
+//	(*Store).ActiveJobs(filter func(*jobs.Job) bool) []*jobs.Job // unresolved or slot-holding jobs, for the dispatcher
 //
 //	// Also available:
 //	(*Store).CorruptRecords() []CorruptRecord        // what makes admission fail closed (ForceRelease(id) removes one)

@@ -47,6 +47,13 @@
 // Every write answers only after WaitSynced saw its revision, so a client
 // reads its own writes from the same replica.
 //
+// The view keeps a summary of every job (state, scope, target, agent,
+// update time, revision) and the whole record only of an active one:
+// unresolved, or holding a slot. A resolved record changes only by a late
+// report or its removal, so Get and List read it from etcd when asked, and
+// a replica's memory follows its working set rather than its retained
+// history. A restart reads only the summary's members of a resolved record.
+//
 // # Leadership
 //
 // Elector wraps concurrency.Session and concurrency.Election under

@@ -11,6 +11,9 @@ package store
 //	│   └── scope/<escaped scope>/<i>       value: job id; i in [0, QuotaPerScope)
 //	├── slots/<escaped agent id>/<job id>   value: job id; a possibly-live worker
 //	├── agents/<escaped agent id>           agent record (JSON jobs.Agent)
+//	├── replicas/<escaped replica id>       value: JSON ReplicaInfo; written once per
+//	│                                       lease, gone with it (a stopped replica
+//	│                                       revokes it; a dead one's expires)
 //	├── idem/<sha256(subject NUL key)>      value: JSON idemRecord {job_id, body_hash}
 //	├── settings/
 //	│   ├── admission                       value: JSON {"open": bool}; absent = open
@@ -43,6 +46,7 @@ const (
 	kindSettingAdmission
 	kindSettingDispatch
 	kindElection
+	kindReplica
 )
 
 // keys builds and parses keys under one prefix.
@@ -64,6 +68,8 @@ func (k keys) slot(agent, job string) string {
 	return k.prefix + "/slots/" + url.PathEscape(agent) + "/" + job
 }
 func (k keys) agent(id string) string   { return k.prefix + "/agents/" + url.PathEscape(id) }
+func (k keys) replica(id string) string { return k.prefix + "/replicas/" + url.PathEscape(id) }
+func (k keys) replicasPrefix() string   { return k.prefix + "/replicas/" }
 func (k keys) settingAdmission() string { return k.prefix + "/settings/admission" }
 func (k keys) settingDispatch() string  { return k.prefix + "/settings/dispatch" }
 func (k keys) election() string         { return k.prefix + "/election" }
@@ -75,7 +81,7 @@ func (k keys) idem(subject, key string) string {
 // parsed is a key split into its family and parts.
 type parsed struct {
 	kind   keyKind
-	id     string // job id, agent id, idem hash
+	id     string // job id, agent id, replica id, idem hash
 	target string // fence: normalized target
 	scope  string // scope quota token
 	index  int    // quota token index
@@ -128,6 +134,12 @@ func (k keys) parse(key string) (parsed, error) {
 			return bad()
 		}
 		return parsed{kind: kindAgent, id: a}, nil
+	case parts[0] == "replicas" && len(parts) == 2:
+		id, ok := unesc(parts[1])
+		if !ok {
+			return bad()
+		}
+		return parsed{kind: kindReplica, id: id}, nil
 	case parts[0] == "idem" && len(parts) == 2 && parts[1] != "":
 		return parsed{kind: kindIdem, id: parts[1]}, nil
 	case rest == "settings/admission":

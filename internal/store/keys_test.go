@@ -14,6 +14,7 @@ func TestKeysRoundTrip(t *testing.T) {
 		{k.quotaScope("a/b c", 3), parsed{kind: kindQuotaScope, scope: "a/b c", index: 3}},
 		{k.slot("agent/1", "j1"), parsed{kind: kindSlot, agent: "agent/1", id: "j1"}},
 		{k.agent("agent 1"), parsed{kind: kindAgent, id: "agent 1"}},
+		{k.replica("replica a/1"), parsed{kind: kindReplica, id: "replica a/1"}},
 		{k.settingAdmission(), parsed{kind: kindSettingAdmission}},
 		{k.settingDispatch(), parsed{kind: kindSettingDispatch}},
 		{k.election() + "/694d7a1b2c3d", parsed{kind: kindElection}},
@@ -34,7 +35,7 @@ func TestKeysRoundTrip(t *testing.T) {
 	if k.idem("alice", "key-1") == k.idem("bob", "key-1") {
 		t.Fatal("idempotency keys of two subjects collide")
 	}
-	for _, bad := range []string{"/other/jobs/x", "/jf/jobs/", "/jf/quota/global/x", "/jf/quota/scope/s/-1", "/jf/unknown"} {
+	for _, bad := range []string{"/other/jobs/x", "/jf/jobs/", "/jf/quota/global/x", "/jf/quota/scope/s/-1", "/jf/unknown", "/jf/replicas/", "/jf/replicas/a/b"} {
 		if p, err := k.parse(bad); err == nil {
 			t.Fatalf("parse(%q) accepted: %+v", bad, p)
 		}

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -33,7 +34,7 @@ type CorruptRecord struct {
 
 // view is the read model's data at one revision.
 type view struct {
-	jobs         map[string]*jobs.Job
+	jobs         map[string]jobEntry  // every job, summarized: see jobEntry
 	active       map[string]*jobs.Job // unresolved or holding a slot: see ActiveJobs
 	corrupt      map[string]CorruptRecord
 	fences       map[string]string // normalized target -> job id
@@ -41,61 +42,21 @@ type view struct {
 	quotaScope   map[string]map[int]string
 	slots        map[string]map[string]string // agent -> job id -> value
 	agents       map[string]*jobs.Agent
-	idem         map[string]idemRecord // idem hash -> record
-	waiters      []waiter              // WaitSynced callers, carried across relists
+	replicas     map[string]ReplicaInfo // registered replicas, by id
+	idem         map[string]idemRecord  // idem hash -> record
+	waiters      []waiter               // WaitSynced callers, carried across relists
 	settings     Settings
 	admissionRev int64 // ModRevision of the admission setting (0 = absent)
 }
 
 func newView() *view {
 	return &view{
-		jobs: map[string]*jobs.Job{}, active: map[string]*jobs.Job{}, corrupt: map[string]CorruptRecord{},
+		jobs: map[string]jobEntry{}, active: map[string]*jobs.Job{}, corrupt: map[string]CorruptRecord{},
 		fences: map[string]string{}, quotaGlobal: map[int]string{}, quotaScope: map[string]map[int]string{},
 		slots: map[string]map[string]string{}, agents: map[string]*jobs.Agent{}, idem: map[string]idemRecord{},
+		replicas: map[string]ReplicaInfo{},
 		settings: Settings{AdmissionOpen: true},
 	}
-}
-
-// decodeJob reads a record and fills what only etcd knows: the record's
-// revision, and the revision of the transaction that appended the latest
-// history entry (stored as 0, since it is known only after the commit; an
-// earlier entry was filled when its successor read the record). The dispatch
-// revision is markRunning's transaction revision, filled the same way.
-func decodeJob(id string, value []byte, modRev int64) (*jobs.Job, error) {
-	var j jobs.Job
-	if err := json.Unmarshal(value, &j); err != nil {
-		return nil, fmt.Errorf("undecodable record: %w", err)
-	}
-	if j.ID != id {
-		return nil, fmt.Errorf("record id %q under key %q", j.ID, id)
-	}
-	j.Revision = modRev
-	for i := range j.History {
-		if j.History[i].Revision == 0 {
-			j.History[i].Revision = modRev
-		}
-	}
-	if j.Dispatch != nil && j.Dispatch.DispatchRevision == 0 {
-		j.Dispatch.DispatchRevision = modRev
-	}
-	if j.Result != nil && j.Result.Late == nil {
-		j.Result.Late = []jobs.LateReport{}
-	}
-	if !slices.Contains(jobs.States, j.State) {
-		return nil, fmt.Errorf("record has unknown state %q", j.State)
-	}
-	if !j.Resolved && (j.Target.Scope == "" || j.Target.Name == "") {
-		return &j, errTargetless
-	}
-	return &j, nil
-}
-
-var errTargetless = errors.New("unresolved record without a target")
-
-func encodeJob(j *jobs.Job) ([]byte, error) {
-	c := *j
-	c.BlockedReason = ""
-	return json.Marshal(&c)
 }
 
 // applyKV folds one key/value (nil value = deleted) into v. It returns the
@@ -115,13 +76,26 @@ type preparedKV struct {
 	modRev  int64
 	deleted bool
 	job     *jobs.Job
+	entry   jobEntry // a resolved job's summary when job is nil
 	jobErr  error
 }
+
+var resolvedMember = []byte(`"resolved":true`)
 
 func (s *Store) prepareKV(key string, value []byte, modRev int64, deleted bool) preparedKV {
 	p, err := s.k.parse(key)
 	kv := preparedKV{p: p, known: err == nil, value: value, modRev: modRev, deleted: deleted}
 	if kv.known && p.kind == kindJob && !deleted {
+		// An active record is decoded whole anyway; only a record that can
+		// be resolved is worth reading for a summary first. The encoder
+		// writes the member without spaces, and a string value cannot hold
+		// it unescaped; a miss only costs the whole decode.
+		if bytes.Contains(value, resolvedMember) {
+			var ok bool
+			if kv.entry, ok, kv.jobErr = summarizeRecord(p.id, value, modRev); ok || kv.jobErr != nil {
+				return kv
+			}
+		}
 		kv.job, kv.jobErr = decodeJob(p.id, value, modRev)
 		if kv.job != nil {
 			intern(kv.job)
@@ -207,7 +181,11 @@ func (s *Store) applyPrepared(v *view, kv preparedKV) (Change, error) {
 			v.corrupt[p.id] = CorruptRecord{ID: p.id, Reason: kv.jobErr.Error(), Revision: modRev}
 			return ch, nil
 		}
-		v.jobs[p.id] = kv.job
+		if kv.job == nil {
+			v.jobs[p.id] = kv.entry
+			return ch, nil
+		}
+		v.jobs[p.id] = summarize(kv.job)
 		if active(kv.job) {
 			v.active[p.id] = kv.job
 		}
@@ -277,6 +255,15 @@ func (s *Store) applyPrepared(v *view, kv preparedKV) (Change, error) {
 			return Change{}, fmt.Errorf("%w: idempotency record: %v", errResync, err)
 		}
 		v.idem[p.id] = r
+		return Change{}, nil
+	case kindReplica:
+		// Display only, so not published, and an unreadable value is left
+		// out rather than re-listed: a list would read the same bytes.
+		delete(v.replicas, p.id)
+		var r ReplicaInfo
+		if !deleted && json.Unmarshal(value, &r) == nil && r.ID == p.id {
+			v.replicas[p.id] = r
+		}
 		return Change{}, nil
 	case kindSettingAdmission:
 		ch.Kind, ch.ID = "settings", "admission"
@@ -652,15 +639,23 @@ func (s *Store) publish(ch Change) {
 	}
 }
 
-// Get returns a job from the read model.
-func (s *Store) Get(_ context.Context, id string) (*jobs.Job, error) {
+// Get returns a job the read model knows: an active one from memory, a
+// resolved one read from etcd (see jobEntry).
+func (s *Store) Get(ctx context.Context, id string) (*jobs.Job, error) {
 	s.mu.RLock()
-	defer s.mu.RUnlock()
-	j, ok := s.v.jobs[id]
-	if !ok {
+	j, isActive := s.v.active[id]
+	_, known := s.v.jobs[id]
+	if isActive {
+		j = s.blocked.decorate(j.Clone())
+	}
+	s.mu.RUnlock()
+	switch {
+	case isActive:
+		return j, nil
+	case !known:
 		return nil, jobs.ErrNotFound
 	}
-	return s.blocked.decorate(j.Clone()), nil
+	return s.load(ctx, id)
 }
 
 // CorruptRecords lists the records that make admission fail closed.
@@ -670,20 +665,6 @@ func (s *Store) CorruptRecords() []CorruptRecord {
 	out := make([]CorruptRecord, 0, len(s.v.corrupt))
 	for _, c := range s.v.corrupt {
 		out = append(out, c)
-	}
-	sort.Slice(out, func(a, b int) bool { return out[a].ID < out[b].ID })
-	return out
-}
-
-// Jobs returns the jobs filter accepts, in id (admission) order.
-func (s *Store) Jobs(filter func(*jobs.Job) bool) []*jobs.Job {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	var out []*jobs.Job
-	for _, j := range s.v.jobs {
-		if filter == nil || filter(j) {
-			out = append(out, s.blocked.decorate(j.Clone()))
-		}
 	}
 	sort.Slice(out, func(a, b int) bool { return out[a].ID < out[b].ID })
 	return out
@@ -712,8 +693,9 @@ func (s *Store) ActiveJobs(filter func(*jobs.Job) bool) []*jobs.Job {
 }
 
 // List answers GET /v1/jobs: newest first (UUIDv7 ids sort by time); the
-// page token is the last id of the previous page.
-func (s *Store) List(f ListFilter) ([]*jobs.Job, string, error) {
+// page token is the last id of the previous page. The filter runs over the
+// summaries; only the page's resolved records are read from etcd.
+func (s *Store) List(ctx context.Context, f ListFilter) ([]*jobs.Job, string, error) {
 	limit := f.Limit
 	if limit <= 0 {
 		limit = 100
@@ -721,32 +703,78 @@ func (s *Store) List(f ListFilter) ([]*jobs.Job, string, error) {
 	if limit > 500 {
 		limit = 500
 	}
-	match := func(j *jobs.Job) bool {
-		if f.State != "" && j.State != f.State {
+	scope := strings.ToLower(strings.TrimSpace(f.Scope))
+	match := func(id string, e jobEntry) bool {
+		switch {
+		case f.State != "" && e.State != f.State,
+			f.Scope != "" && e.Scope != scope,
+			f.Target != "" && e.Target != f.Target,
+			f.Resolved != nil && e.Resolved != *f.Resolved,
+			f.AgentID != "" && e.AgentID != f.AgentID:
 			return false
 		}
-		if f.Scope != "" && j.Target.Scope != strings.ToLower(strings.TrimSpace(f.Scope)) {
-			return false
-		}
-		if f.Target != "" && j.Target.Key() != f.Target {
-			return false
-		}
-		if f.Resolved != nil && j.Resolved != *f.Resolved {
-			return false
-		}
-		if f.AgentID != "" && (j.Dispatch == nil || j.Dispatch.AgentID != f.AgentID) {
-			return false
-		}
-		return f.PageToken == "" || j.ID < f.PageToken
+		return f.PageToken == "" || id < f.PageToken
 	}
-	all := s.Jobs(match)
-	sort.Slice(all, func(a, b int) bool { return all[a].ID > all[b].ID })
+	s.mu.RLock()
+	var ids []string
+	for id, e := range s.v.jobs {
+		if match(id, e) {
+			ids = append(ids, id)
+		}
+	}
+	s.mu.RUnlock()
+	slices.SortFunc(ids, func(a, b string) int { return strings.Compare(b, a) })
 	next := ""
-	if len(all) > limit {
-		all = all[:limit]
-		next = all[limit-1].ID
+	if len(ids) > limit {
+		ids = ids[:limit]
+		next = ids[limit-1]
 	}
-	return all, next, nil
+	out, err := s.fetch(ctx, ids)
+	return out, next, err
+}
+
+// fetch returns the records of ids in order: active ones from memory, the
+// others read from etcd in batches of one transaction each. A record
+// removed in between (retention) is left out.
+func (s *Store) fetch(ctx context.Context, ids []string) ([]*jobs.Job, error) {
+	out := make([]*jobs.Job, len(ids))
+	var missing []int
+	s.mu.RLock()
+	for i, id := range ids {
+		if j, ok := s.v.active[id]; ok {
+			out[i] = s.blocked.decorate(j.Clone())
+		} else {
+			missing = append(missing, i)
+		}
+	}
+	s.mu.RUnlock()
+	// etcd refuses a transaction of more than --max-txn-ops (default 128).
+	const batch = 100
+	for len(missing) > 0 {
+		n := min(batch, len(missing))
+		part := missing[:n]
+		missing = missing[n:]
+		ops := make([]clientv3.Op, len(part))
+		for k, i := range part {
+			ops[k] = clientv3.OpGet(s.k.job(ids[i]))
+		}
+		resp, err := s.cli.Txn(ctx).Then(ops...).Commit()
+		if err != nil {
+			return nil, translate(err)
+		}
+		for k, i := range part {
+			kvs := resp.Responses[k].GetResponseRange().Kvs
+			if len(kvs) == 0 {
+				continue
+			}
+			j, err := decodeJob(ids[i], kvs[0].Value, kvs[0].ModRevision)
+			if err != nil {
+				return nil, &jobs.FailClosedError{JobID: ids[i]}
+			}
+			out[i] = j
+		}
+	}
+	return slices.DeleteFunc(out, func(j *jobs.Job) bool { return j == nil }), nil
 }
 
 // Fences lists held fences with their holders.
@@ -756,7 +784,7 @@ func (s *Store) Fences() []Fence {
 	out := make([]Fence, 0, len(s.v.fences))
 	for t, id := range s.v.fences {
 		f := Fence{Target: t, Display: t, JobID: id}
-		if j, ok := s.v.jobs[id]; ok {
+		if j, ok := s.v.active[id]; ok {
 			f.Display, f.State, f.RefreshState, f.Since = j.Target.Display, j.State, j.RefreshState, j.CreatedAt
 		}
 		out = append(out, f)
@@ -774,7 +802,7 @@ func (s *Store) Slots() []Slot {
 		for id := range m {
 			sl := Slot{AgentID: agent, JobID: id,
 				Awaiting: "a report with CHILD_REAPED or NEVER_LAUNCHED, a new agent epoch (AGENT_EPOCH_REPLACED), or a force release"}
-			if j, ok := s.v.jobs[id]; ok {
+			if j, ok := s.v.active[id]; ok {
 				sl.State, sl.Since = j.State, j.UpdatedAt
 				for _, h := range j.History {
 					if h.Event == jobs.EventMarkRunning {
@@ -819,8 +847,8 @@ func (s *Store) Counts() map[jobs.State]int {
 	for _, st := range jobs.States {
 		out[st] = 0
 	}
-	for _, j := range s.v.jobs {
-		out[j.State]++
+	for _, e := range s.v.jobs {
+		out[e.State]++
 	}
 	return out
 }

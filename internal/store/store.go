@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -423,12 +424,32 @@ func (s *Store) removeCorrupt(ctx context.Context, id, actor, note string) (*job
 // RemoveResolved deletes up to batch resolved records (holding no slot)
 // last updated before olderThan, each in its own compared transaction.
 func (s *Store) RemoveResolved(ctx context.Context, olderThan time.Time, batch int) (int, error) {
-	cands := s.Jobs(func(j *jobs.Job) bool { return jobs.Removable(j) && j.UpdatedAt.Before(olderThan) })
+	s.mu.RLock()
+	var cands []string
+	for id, e := range s.v.jobs {
+		if e.Removable && e.updated().Before(olderThan) {
+			cands = append(cands, id)
+		}
+	}
+	s.mu.RUnlock()
+	slices.Sort(cands)
 	removed := 0
 	var last int64
-	for _, j := range cands {
+	for _, id := range cands {
 		if removed >= batch {
 			break
+		}
+		// The summary chose it; the record read now decides, and the
+		// delete compares the revision that was read.
+		j, err := s.load(ctx, id)
+		if errors.Is(err, jobs.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return removed, err
+		}
+		if !jobs.Removable(j) || !j.UpdatedAt.Before(olderThan) {
+			continue
 		}
 		ops := []clientv3.Op{clientv3.OpDelete(s.k.job(j.ID))}
 		if j.IdempotencyKey != "" {

@@ -792,11 +792,11 @@ func TestSubscribeCursorAgentsAndList(t *testing.T) {
 		t.Fatalf("agents %+v", ag)
 	}
 	k := h.admit("s/m")
-	page, next, err := h.st.List(ListFilter{Limit: 1})
+	page, next, err := h.st.List(h.ctx, ListFilter{Limit: 1})
 	if err != nil || len(page) != 1 || page[0].ID != k.ID || next == "" {
 		t.Fatalf("first page %v %q %v", page, next, err)
 	}
-	page, next, _ = h.st.List(ListFilter{Limit: 1, PageToken: next})
+	page, next, _ = h.st.List(h.ctx, ListFilter{Limit: 1, PageToken: next})
 	if len(page) != 1 || page[0].ID != j.ID || next != "" {
 		t.Fatalf("second page %v %q", page, next)
 	}
