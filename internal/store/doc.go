@@ -60,4 +60,13 @@
 // <prefix>/election. A term's Leadership (election key and its create
 // revision) is passed to every leader-only write. Leases only show
 // leadership and liveness: they never release a fence, quota token or slot.
+//
+// # Replicas
+//
+// ReplicaRegistration writes <prefix>/replicas/<id> (id, API URL, start
+// time) once, bound to a lease with the election TTL, and revokes it on a
+// clean stop. Keepalives are not revisions, so an idle cluster's revision
+// stands still; a replica that died leaves the list when its lease expires.
+// The view lists the registered replicas for the dashboard, which asks each
+// one's /readyz for its cursor.
 package store
