@@ -22,10 +22,9 @@ import (
 // fault is one row of the matrix: how to break the cluster during the
 // workload. inject returns once the fault has healed.
 type fault struct {
-	name     string
-	topology topology
-	quota    int64
-	inject   func(s *scenario)
+	name   string
+	quota  int64
+	inject func(s *scenario)
 }
 
 // scenario is one run in progress.
@@ -59,7 +58,7 @@ var faults = []fault{
 	{name: "F3 SIGSTOP leader > TTL", inject: pauseLeader},
 	{name: "F4 lossy proxy / partition", inject: lossyProxy},
 	{name: "F5 replayed and forged results", inject: replayResults},
-	{name: "F6 restart server on its data dir", topology: embedded, inject: restartOnDataDir},
+	{name: "F6 restart server on its data dir", inject: restartOnDataDir},
 	{name: "F8 etcd out of space", quota: 8 << 20, inject: noSpace},
 }
 
@@ -125,43 +124,91 @@ func killAgent(s *scenario) {
 	}
 }
 
-// F3: the leader is stopped for longer than the election TTL, a new leader
-// is elected, and the old one resumes believing it still leads. In the
-// second round the other replicas are stopped too just before the old
-// leader resumes, so its view is exactly etcd's (nobody else wrote since)
-// and its first round has writes to try: deadlines that passed while all
-// were stopped, jobs still PENDING. Only the leader compare stops them.
+// F3: the leader is stopped twice. First at a random instant, for longer
+// than the election TTL: another replica leads, and the old one resumes
+// believing it still leads. Then in the middle of its work (pauseInFlight).
 func pauseLeader(s *scenario) {
-	for i := range 2 {
-		s.wait(500*time.Millisecond, 1500*time.Millisecond)
-		l := s.c.waitLeader(20 * time.Second)
-		l.signal(syscall.SIGSTOP)
-		s.note("leader_paused")
-		poll(electionTTL+10*time.Second, func() bool {
-			n := s.c.leader()
-			return n != nil && n != l
-		})
-		var others []*proc
-		if i == 1 {
-			for _, o := range s.c.servers {
-				if o != l && o.alive() {
-					o.signal(syscall.SIGSTOP)
-					others = append(others, o)
-				}
-			}
-			s.note("successors_paused")
-			s.wait(1500*time.Millisecond, 2500*time.Millisecond)
-		} else {
-			s.wait(300*time.Millisecond, 1200*time.Millisecond)
-		}
-		l.signal(syscall.SIGCONT)
-		if len(others) > 0 {
-			s.wait(300*time.Millisecond, 600*time.Millisecond)
-			for _, o := range others {
-				o.signal(syscall.SIGCONT)
-			}
-		}
+	s.wait(500*time.Millisecond, 1500*time.Millisecond)
+	l := s.c.waitLeader(20 * time.Second)
+	l.signal(syscall.SIGSTOP)
+	s.note("leader_paused")
+	poll(electionTTL+10*time.Second, func() bool {
+		n := s.c.leader()
+		return n != nil && n != l
+	})
+	s.wait(300*time.Millisecond, 1200*time.Millisecond)
+	l.signal(syscall.SIGCONT)
+	s.wait(500*time.Millisecond, 1500*time.Millisecond)
+	pauseInFlight(s)
+}
+
+// pauseInFlight stops the leader X at the instant its dispatch request
+// reaches the agent's proxy: it has decided and committed the dispatch and
+// waits for the answer. While X is stopped its session lease ends (the
+// harness revokes it: that is what etcd does once keep-alives stop for the
+// TTL, and doing it at once keeps X's own keep-alive deadline ahead, so X
+// resumes not knowing), the next replica N takes over and is stopped in
+// turn. X resumes first, with quorum (the etcd raft leader was moved to the
+// third member beforehand), finishes the in-flight dispatch and goes on
+// with its rounds until its next keep-alive tells it the session is gone.
+// Every write it tries in that window must fail the election-key compare.
+// N resumes 1–1.5 s later.
+func pauseInFlight(s *scenario) {
+	c := s.c
+	var order []campaigner
+	if !poll(20*time.Second, func() bool {
+		order = c.electionOrder()
+		return len(order) == len(c.servers) && order[0].srv.alive()
+	}) {
+		s.note("in_flight_pause_no_campaigners")
+		return
 	}
+	x, n, third := order[0], order[1], order[2]
+	if err := c.moveRaftLeader(third.srv); err != nil {
+		c.t.Logf("move raft leader to %s: %v", third.srv.name, err)
+	}
+	fired := make(chan struct{})
+	var once sync.Once
+	stopAtDispatch := func() {
+		once.Do(func() {
+			defer close(fired)
+			if c.leader() != x.srv {
+				s.note("in_flight_pause_leader_moved")
+				return
+			}
+			x.srv.signal(syscall.SIGSTOP)
+			s.note("leader_paused_in_flight")
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_, err := c.liveClient().Revoke(ctx, x.lease)
+			cancel()
+			if err != nil {
+				c.t.Logf("revoke the stopped leader's lease: %v", err)
+			}
+			if poll(10*time.Second, func() bool { return c.leader() == n.srv }) {
+				n.srv.signal(syscall.SIGSTOP)
+				s.note("successor_paused")
+			}
+			x.srv.signal(syscall.SIGCONT)
+		})
+	}
+	for _, a := range c.agents {
+		a.down.setHook("/v1/dispatches", stopAtDispatch, nil)
+	}
+	select {
+	case <-fired:
+	case <-time.After(15 * time.Second):
+	}
+	for _, a := range c.agents {
+		a.down.setHook("", nil, nil)
+	}
+	// A hook already taken by a request runs to its end first; otherwise
+	// this one marks the fault as not triggered.
+	once.Do(func() {
+		s.note("in_flight_pause_not_triggered")
+		close(fired)
+	})
+	s.wait(time.Second, 1500*time.Millisecond)
+	n.srv.signal(syscall.SIGCONT)
 }
 
 // F4: agent ↔ server traffic is dropped, delayed, duplicated and
@@ -310,8 +357,12 @@ func noSpace(s *scenario) {
 	if _, err := c.cli.Compact(ctx, resp.Header.Revision, clientv3.WithCompactPhysical()); err != nil {
 		c.t.Fatalf("compact: %v", err)
 	}
-	if _, err := c.cli.Defragment(ctx, c.endpoint); err != nil {
-		c.t.Fatalf("defragment: %v", err)
+	// Every member keeps its own backend file: each one is defragmented, or
+	// the member that raised the alarm would raise it again at once.
+	for _, ep := range c.clientURLs {
+		if _, err := c.cli.Defragment(ctx, ep); err != nil {
+			c.t.Fatalf("defragment %s: %v", ep, err)
+		}
 	}
 	alarms, err := c.cli.AlarmList(ctx)
 	if err != nil {

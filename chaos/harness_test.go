@@ -25,7 +25,6 @@ import (
 	"go.uber.org/zap"
 
 	"jobfence/handlers"
-	"jobfence/internal/etcdembed"
 	"jobfence/isolation"
 	"jobfence/jobs"
 )
@@ -85,35 +84,22 @@ func buildBinary(t testing.TB, tags string) string {
 	return bin
 }
 
-// topology says where etcd lives.
-type topology int
-
-const (
-	// external: one etcd member in the harness process, three servers on
-	// --etcd-endpoints; servers can die without losing the data.
-	external topology = iota
-	// embedded: three servers whose embedded etcd members form one cluster,
-	// each keeping its data in its --data-dir, so a restart of a server is
-	// a restart of a database member.
-	embedded
-)
-
 type clusterOptions struct {
-	topology  topology
 	servers   int
 	mutation  string // JOBFENCE_MUTATION of every process; "" builds without the tag
-	quotaByte int64  // etcd backend quota (external only)
+	quotaByte int64  // every embedded member's backend quota (--etcd-quota-backend-bytes); 0 keeps etcd's
 }
 
-// cluster is one isolated run: its own etcd, processes, cgroup roots,
-// journal and records. Everything stops at cleanup.
+// cluster is one isolated run: three servers whose embedded etcd members
+// form one etcd cluster (so killing or stopping a server kills or stops a
+// database member too, the raft leader among them), two agents, their
+// proxies, cgroup roots, the journal and the records. Everything stops at
+// cleanup.
 type cluster struct {
 	t          *testing.T
 	dir        string
 	bin        string
 	opts       clusterOptions
-	etcd       *etcdembed.Server
-	endpoint   string   // external: the harness's member
 	clientURLs []string // every member's client URL
 	cli        *clientv3.Client
 	client     *http.Client
@@ -123,6 +109,8 @@ type cluster struct {
 	agents     []*agentProc
 	hist       *history
 	rec        *recorder
+	live       *clientv3.Client // see liveClient
+	liveKey    string
 }
 
 // proc is one restartable process.
@@ -131,6 +119,7 @@ type proc struct {
 	args []string
 	env  []string
 	base string // http base URL (servers: fixed across restarts)
+	etcd string // servers: the client URL of the embedded member
 
 	mu       sync.Mutex
 	cmd      *exec.Cmd
@@ -180,6 +169,7 @@ func newCluster(t *testing.T, opts clusterOptions) *cluster {
 	c.rec = &recorder{}
 	t.Cleanup(func() {
 		c.stopAll()
+		c.closeLiveClient()
 		tr.CloseIdleConnections()
 		for _, a := range c.agents {
 			removeCgroupRoot(a.cgroup)
@@ -187,37 +177,27 @@ func newCluster(t *testing.T, opts clusterOptions) *cluster {
 		if c.cli != nil {
 			_ = c.cli.Close()
 		}
-		if c.etcd != nil {
-			_ = c.etcd.Close()
-		}
 	})
 
-	switch opts.topology {
-	case external:
-		c.etcd, err = etcdembed.Start(etcdembed.Config{DataDir: filepath.Join(c.dir, "etcd"), UnsafeNoFsync: true,
-			QuotaBackendBytes: opts.quotaByte})
-		if err != nil {
-			t.Fatalf("etcd: %v", err)
+	// Each server keeps its member's data in its --data-dir, so a restart of
+	// a server is a restart of a database member on its own data.
+	var members, peers []string
+	for i := 1; i <= opts.servers; i++ {
+		peer := "http://" + freeAddr(t)
+		peers = append(peers, peer)
+		c.clientURLs = append(c.clientURLs, "http://"+freeAddr(t))
+		members = append(members, fmt.Sprintf("s%d=%s", i, peer))
+	}
+	for i := 1; i <= opts.servers; i++ {
+		name := fmt.Sprintf("s%d", i)
+		args := []string{"--data-dir", filepath.Join(c.dir, name+"-data"), "--etcd-name", name,
+			"--etcd-client-url", c.clientURLs[i-1], "--etcd-peer-url", peers[i-1],
+			"--etcd-initial-cluster", strings.Join(members, ","), "--etcd-initial-cluster-state", "new"}
+		if opts.quotaByte > 0 {
+			args = append(args, "--etcd-quota-backend-bytes", fmt.Sprint(opts.quotaByte))
 		}
-		c.endpoint = c.etcd.Endpoint
-		c.clientURLs = []string{c.endpoint}
-		for i := 1; i <= opts.servers; i++ {
-			c.addServer(fmt.Sprintf("s%d", i), "--etcd-endpoints", c.endpoint)
-		}
-	case embedded:
-		var members, peers []string
-		for i := 1; i <= opts.servers; i++ {
-			peer := "http://" + freeAddr(t)
-			peers = append(peers, peer)
-			c.clientURLs = append(c.clientURLs, "http://"+freeAddr(t))
-			members = append(members, fmt.Sprintf("s%d=%s", i, peer))
-		}
-		for i := 1; i <= opts.servers; i++ {
-			name := fmt.Sprintf("s%d", i)
-			c.addServer(name, "--data-dir", filepath.Join(c.dir, name+"-data"), "--etcd-name", name,
-				"--etcd-client-url", c.clientURLs[i-1], "--etcd-peer-url", peers[i-1],
-				"--etcd-initial-cluster", strings.Join(members, ","))
-		}
+		c.addServer(name, args...)
+		c.servers[len(c.servers)-1].etcd = c.clientURLs[i-1]
 	}
 	for _, s := range c.servers {
 		c.startProc(s)
@@ -379,13 +359,16 @@ func (c *cluster) startAgent(a *agentProc) {
 	})
 }
 
+// stopAll ends a run whose history is already checked: the agents stop
+// gracefully (they end what they run and clean their cgroups), then the
+// servers are killed. A graceful stop of all three servers at once would
+// lose the etcd quorum halfway and wait out every shutdown step's timeout.
 func (c *cluster) stopAll() {
-	var all []*proc
+	var agents []*proc
 	for _, a := range c.agents {
-		all = append(all, a.proc)
+		agents = append(agents, a.proc)
 	}
-	all = append(all, c.servers...)
-	for _, p := range all {
+	for _, p := range agents {
 		p.mu.Lock()
 		if p.cmd != nil && p.cmd.Process != nil {
 			_ = p.cmd.Process.Signal(syscall.SIGCONT)
@@ -393,13 +376,18 @@ func (c *cluster) stopAll() {
 		}
 		p.mu.Unlock()
 	}
-	for _, p := range all {
+	for _, p := range agents {
 		if p.done == nil {
 			continue
 		}
 		select {
 		case <-p.done:
 		case <-time.After(20 * time.Second):
+			p.kill9()
+		}
+	}
+	for _, p := range c.servers {
+		if p.done != nil {
 			p.kill9()
 		}
 	}
@@ -433,21 +421,120 @@ func (c *cluster) liveServer() string {
 	return c.servers[0].base
 }
 
+// liveClient is an etcd client of the members whose servers run (neither
+// killed nor stopped), for the harness's reads and acts during a fault: a
+// request balanced onto a stopped member would hang until it resumes. It is
+// rebuilt when the set of running servers changes.
+func (c *cluster) liveClient() *clientv3.Client {
+	var eps []string
+	for _, s := range c.servers {
+		if s.alive() {
+			eps = append(eps, s.etcd)
+		}
+	}
+	if len(eps) == 0 {
+		eps = c.clientURLs
+	}
+	key := strings.Join(eps, ",")
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.live != nil && c.liveKey == key {
+		return c.live
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return c.cli
+	}
+	if c.live != nil {
+		_ = c.live.Close()
+	}
+	c.live, c.liveKey = cli, key
+	return cli
+}
+
+func (c *cluster) closeLiveClient() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.live != nil {
+		_ = c.live.Close()
+		c.live = nil
+	}
+}
+
+// campaigner is one replica's election key: the leader's is the oldest.
+type campaigner struct {
+	srv   *proc
+	lease clientv3.LeaseID
+}
+
+// electionOrder lists the election keys by create revision: the leader
+// first, then the replica that leads when the leader's key goes.
+func (c *cluster) electionOrder() []campaigner {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	resp, err := c.liveClient().Get(ctx, prefix+"/election/", clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+	if err != nil {
+		return nil
+	}
+	var out []campaigner
+	for _, kv := range resp.Kvs {
+		for _, s := range c.servers {
+			if s.name == string(kv.Value) {
+				out = append(out, campaigner{srv: s, lease: clientv3.LeaseID(kv.Lease)})
+			}
+		}
+	}
+	return out
+}
+
 // leader is the server process holding the election now (by the election
 // key with the lowest create revision, read from etcd).
 func (c *cluster) leader() *proc {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	defer cancel()
-	resp, err := c.cli.Get(ctx, prefix+"/election/", clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(1))
-	if err != nil || len(resp.Kvs) == 0 {
-		return nil
-	}
-	for _, s := range c.servers {
-		if s.name == string(resp.Kvs[0].Value) {
-			return s
-		}
+	if o := c.electionOrder(); len(o) > 0 {
+		return o[0].srv
 	}
 	return nil
+}
+
+// moveRaftLeader makes to's embedded member the etcd raft leader, so that
+// stopping the other servers stops no raft leader and needs no raft
+// election.
+func (c *cluster) moveRaftLeader(to *proc) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	one := func(ep string) (*clientv3.Client, error) {
+		return clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	}
+	cli, err := one(to.etcd)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	st, err := cli.Status(ctx, to.etcd)
+	if err != nil {
+		return err
+	}
+	if st.Leader == st.Header.MemberId {
+		return nil
+	}
+	members, err := cli.MemberList(ctx)
+	if err != nil {
+		return err
+	}
+	for _, m := range members.Members {
+		if m.ID != st.Leader || len(m.ClientURLs) == 0 {
+			continue
+		}
+		// MoveLeader is served only by the current raft leader.
+		lc, err := one(m.ClientURLs[0])
+		if err != nil {
+			return err
+		}
+		defer lc.Close()
+		_, err = lc.MoveLeader(ctx, st.Header.MemberId)
+		return err
+	}
+	return fmt.Errorf("raft leader %x not among the members", st.Leader)
 }
 
 func (c *cluster) waitLeader(within time.Duration) *proc {
