@@ -2,7 +2,9 @@
 // leader, checks each one in a fixed order (epoch, isolation, payload bounds,
 // deadline funding, repeated invocation id, queue space), runs accepted ones
 // in isolated worker domains with a bounded pool, and reports each outcome
-// back to the server with its proof. It reaches the cluster only over HTTP.
+// back to the server with its proof as soon as the domain is reaped and
+// empty (nothing else runs between the two). It reaches the cluster only
+// over HTTP.
 package agent
 
 import (
@@ -43,7 +45,8 @@ type Config struct {
 	QueueSize int
 	// CgroupRoot is isolation.Config.Root; empty autodetects.
 	CgroupRoot string
-	// ShimPath and ShimArgs start the shim; default this binary's "worker".
+	// ShimPath and ShimArgs start the isolation preflight's canary; default
+	// this binary's "worker". Commands are exec'd directly, never through it.
 	ShimPath string
 	ShimArgs []string
 	// ClockSkew is the assumed skew between server and agent clocks; 1s.
@@ -64,7 +67,8 @@ type Config struct {
 	// Retention keeps an invocation's record past its deadline; 10m.
 	Retention time.Duration
 	// ReapOrphans makes the process a child subreaper and reaps adopted
-	// orphans. Only for a process that starts no other children.
+	// orphans (after each report, and every few seconds). Only for a
+	// process that starts no other children.
 	ReapOrphans bool
 	// HTTPClient talks to the server; default one with a 10s timeout.
 	HTTPClient *http.Client

@@ -54,14 +54,16 @@ func (a *Agent) execute(ctx, runCtx context.Context, inv *invocation) {
 		spec := a.isolationSpec(req)
 		res, err := a.host.Run(runCtx, spec)
 		a.classify(&env, req, res, err)
-		if a.cfg.ReapOrphans {
-			isolation.ReapOrphans()
-		}
 	}
 	env.Detail = sanitize(env.Detail, req.Credentials)
 	a.m.Outcome(string(env.Code))
 	log.Info("invocation finished", "code", string(env.Code), "phase", string(env.Phase), "proof", string(env.Proof))
 	a.report(ctx, inv, req, env, log)
+	if a.cfg.ReapOrphans {
+		// Orphans adopted from the domain are dead already (it was seen
+		// empty): only their zombies wait, and they do not hold up the report.
+		isolation.ReapOrphans()
+	}
 }
 
 func (a *Agent) neverStarted(ctx context.Context, inv *invocation, detail string) {
@@ -132,7 +134,7 @@ func (a *Agent) classify(env *jobs.ResultEnvelope, req DispatchRequest, res isol
 		return
 	}
 	if !res.Launched {
-		// The shim refused before exec: the command never ran.
+		// Refused before the command's first instruction: it never ran.
 		env.Code, env.Phase, env.Proof = jobs.CodePreInvocationRejected, jobs.PhasePreInvocationRejected, jobs.ProofNeverLaunched
 		env.Detail = res.Rejection
 		return

@@ -17,7 +17,7 @@
 //     (cgroup.procs, cgroup.events, cgroup.kill) and the worker is born in
 //     it; the limits live in v1 memory and pids directories of the same
 //     relative path, which the agent writes the worker into while it is
-//     still parked in the shim, before anything of the command runs.
+//     parked at its exec stop, before any instruction of the command runs.
 //
 // Under systemd, run the agent with Delegate=yes (or Delegate=memory pids)
 // and point the root below its own cgroup, for example
@@ -32,17 +32,21 @@
 //
 //	create   mkdir v2 <root>/d.<epoch>.<name>; hybrid: mkdir the v1 twins;
 //	         write the limits and read every one back
-//	start    the shim (this binary's "worker" command) from one locked OS
-//	         thread, with UseCgroupFD, PidFD, Pdeathsig=SIGKILL, Setsid, an
-//	         empty environment and only fds 0-4
-//	attach   hybrid: the shim's pid into v1 memory and pids cgroup.procs
-//	frame    argv, environment (credentials included), directory and the
-//	         expected membership travel over fd 3, never argv; the shim
-//	         checks its own cgroups and limits, sets no-new-privileges and
-//	         RLIMIT_CORE 0, marks every fd from 3 close-on-exec, re-arms
-//	         PDEATHSIG on the thread that will exec, and execs. A failure
-//	         before exec is written to fd 4 (close-on-exec), so silence on
-//	         fd 4 means the command was launched
+//	start    fork and exec the command itself from one locked OS thread
+//	         (the spawner), with UseCgroupFD, PidFD, Pdeathsig=SIGKILL,
+//	         Setsid, PTRACE_TRACEME, exactly the job's environment (the
+//	         credentials reach the command's environment, never argv) and
+//	         only fds 0-2; every descriptor of the agent from 3 up is marked
+//	         close-on-exec first. The spawner thread carries
+//	         no-new-privileges, which the worker inherits. A failed fork or
+//	         exec (or chdir) means the command never ran
+//	park     the kernel stops the traced worker right after execve, before
+//	         its first instruction. There the spawner (its tracer) writes
+//	         it into the v1 memory and pids cgroup.procs (hybrid), sets its
+//	         RLIMIT_CORE to 0, checks its membership in /proc/<pid>/cgroup,
+//	         reads every limit back, and detaches with signal 0 (the exec's
+//	         SIGTRAP is dropped). A failed check kills it still parked: the
+//	         command provably never ran
 //	wait     poll the pidfd until the worker exits or the ladder starts
 //	ladder   SIGTERM+SIGCONT to every member (pidfd pinned, membership
 //	         rechecked), the grace on cgroup.events, cgroup.kill, then
@@ -52,7 +56,16 @@
 //	remove   rmdir the v1 twins, then the v2 directory, children first
 //
 // The reap proof is the exact worker reaped and the domain seen empty with no
-// breach. Waiting for empty uses poll(POLLPRI) on cgroup.events, which wakes
+// breach.
+//
+// The command is not started through a shim process: a second Go program
+// per job (this binary's "worker") cost tens of milliseconds of runtime and
+// package initialisation, several times the whole rest of the lifecycle.
+// The park gives the same guarantees from outside: limits in place and
+// membership checked before the command runs, and the same hardening. The
+// "worker" command remains only as the preflight's canary. Parking needs
+// ptrace: a kernel with Yama ptrace_scope 3 (or a seccomp policy denying
+// ptrace) makes the preflight fail, and the agent refuses every dispatch. Waiting for empty uses poll(POLLPRI) on cgroup.events, which wakes
 // at once; inotify on the same file is late by several milliseconds.
 //
 // # Startup sweep

@@ -26,20 +26,20 @@ type domain struct {
 	// memory.oom_control file it is registered against.
 	oomFD      int
 	oomControl *os.File
-	// checks are the limit files and values read back after writing; the
-	// shim reads them again from inside.
+	// checks are the limit files and values read back after writing; they
+	// are read again while the worker is parked, just before it runs.
 	checks []limitCheck
 }
 
 type limitCheck struct {
-	Path string `json:"path"`
-	Want string `json:"want"`
+	Path string
+	Want string
 }
 
-// membership is one line the shim must find in /proc/self/cgroup.
+// membership is one line the worker's /proc/<pid>/cgroup must hold.
 type membership struct {
-	Controller string `json:"controller"` // "" for the cgroup2 line
-	Path       string `json:"path"`
+	Controller string // "" for the cgroup2 line
+	Path       string
 }
 
 func (d *domain) memberships() []membership {
@@ -160,7 +160,8 @@ func createDomain(l *layout, name string, memBytes, pids int64) (d *domain, err 
 }
 
 // attachV1 writes pid into the v1 limit cgroups. EINVAL means the task is
-// still being set up by fork; it is retried a bounded number of times.
+// still being set up by fork; it is retried a bounded number of times (a
+// worker parked at its exec stop is past that point).
 func (d *domain) attachV1(pid int) error {
 	if d.l.mode != ModeHybrid {
 		return nil
@@ -379,6 +380,11 @@ func (d *domain) remove() error {
 // rmTree removes a cgroup directory and its sub-cgroups, deepest first.
 // rmdir right after the last exit can briefly answer EBUSY.
 func rmTree(dir string) error {
+	// The usual domain has no sub-cgroups: one rmdir, without listing the
+	// dozens of control files a walk would read.
+	if err := unix.Rmdir(dir); err == nil || errors.Is(err, unix.ENOENT) {
+		return nil
+	}
 	var dirs []string
 	_ = filepath.WalkDir(dir, func(p string, e os.DirEntry, err error) error {
 		if err == nil && e.IsDir() {

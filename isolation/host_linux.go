@@ -39,8 +39,9 @@ func verified(l *layout) Report {
 
 // Preflight proves the layout under cfg.Root without taking the root's lock
 // and without sweeping: it creates a probe domain, writes and reads back its
-// limits, starts the shim inside, checks its membership, kills the domain,
-// waits for it to empty and reaps the shim through its pidfd.
+// limits, starts the canary inside exactly as a command is started (parked,
+// attached, checked, released), checks its membership again, kills the
+// domain, waits for it to empty and reaps the canary through its pidfd.
 func Preflight(cfg Config) Report {
 	cfg.defaults()
 	l, err := detect(cfg.Root)
@@ -176,23 +177,27 @@ func (h *Host) Run(ctx context.Context, s Spec) (Result, error) {
 }
 
 func (h *Host) runDomain(ctx context.Context, d *domain, s Spec) (Result, error) {
-	w, err := startShim(d, h.cfg.ShimPath, h.cfg.ShimArgs, s.Stdout, s.Stderr)
+	w, rejection, err := startWorker(d, s.Argv, s.Env, s.Dir, s.Stdout, s.Stderr)
 	if err != nil {
 		_ = d.remove()
 		return Result{}, &SetupError{err}
 	}
-	status := w.readStatus()
 	var res Result
-	if err := d.attachV1(w.pid); err != nil {
-		// The frame was never sent, so the shim exits at EOF without running
-		// anything; the domain still goes through the full teardown.
-		w.frameW.Close()
-		res.Rejection = err.Error()
-		h.teardown(d, w, &res, s, false)
-		<-status
+	if rejection != "" {
+		// The command never ran an instruction; the domain still goes
+		// through the full teardown.
+		res.Rejection = rejection
+		if w == nil {
+			// os.StartProcess reaped the child that failed to exec.
+			res.Reaped = true
+			h.teardown(d, nil, &res, s, false)
+		} else {
+			h.teardown(d, w, &res, s, false)
+		}
+		res.Leftovers = false
 		return res, nil
 	}
-	w.send(frame{Argv: s.Argv, Env: s.Env, Dir: s.Dir, PPID: os.Getpid(), Members: d.memberships(), Limits: d.checks})
+	res.Launched = true
 	if s.Started != nil {
 		s.Started(w.pid)
 	}
@@ -235,12 +240,6 @@ func (h *Host) runDomain(ctx context.Context, d *domain, s Spec) (Result, error)
 		}
 	}
 	h.teardown(d, w, &res, s, !exited)
-	msg := <-status
-	if msg != "" {
-		res.Rejection = msg
-	} else {
-		res.Launched = true
-	}
 	return res, nil
 }
 
@@ -271,6 +270,11 @@ func (h *Host) teardown(d *domain, w *worker, res *Result, s Spec, alive bool) {
 	res.Empty, _ = d.waitEmpty(bound)
 	if !res.Empty {
 		h.cfg.Logger.Error("domain did not empty within the reap bound", "domain", d.name)
+	}
+	if w == nil {
+		// Nothing was started, or what was started is already reaped.
+		h.removeIfEmpty(d, res)
+		return
 	}
 	// Once the domain is empty the worker must have exited. If its pidfd is
 	// not readable it left the cgroup: no proof, and it is killed directly.
@@ -304,6 +308,10 @@ func (h *Host) teardown(d *domain, w *worker, res *Result, s Spec, alive bool) {
 			res.ExitCode = ws.ExitStatus()
 		}
 	}
+	h.removeIfEmpty(d, res)
+}
+
+func (h *Host) removeIfEmpty(d *domain, res *Result) {
 	if res.Empty {
 		if err := d.remove(); err != nil {
 			h.cfg.Logger.Error("remove domain failed", "domain", d.name, "error", err)
@@ -315,21 +323,24 @@ func (h *Host) teardown(d *domain, w *worker, res *Result, s Spec, alive bool) {
 	}
 }
 
-// probe runs the canary: a limited domain, the shim inside it exec'ing a
-// waiting copy of itself, membership checked from outside, then kill, empty
-// and reap.
+// probe runs the canary: a limited domain, a waiting copy of the canary
+// binary started, parked, attached and checked exactly as a command is, its
+// membership checked again once it runs, then kill, empty and reap.
 func probe(l *layout, shimPath string, shimArgs []string) error {
 	d, err := createDomain(l, "p."+randHex(8), 64<<20, 16)
 	if err != nil {
 		return fmt.Errorf("probe domain: %w", err)
 	}
-	w, err := startShim(d, shimPath, shimArgs, nil, nil)
-	if err != nil {
+	argv := append(append([]string{shimPath}, shimArgs...), probeWait)
+	w, rejection, err := startWorker(d, argv, nil, "/", nil, nil)
+	if err != nil || w == nil {
 		_ = d.remove()
-		return fmt.Errorf("probe shim: %w", err)
+		if err == nil {
+			err = errors.New(rejection)
+		}
+		return fmt.Errorf("probe start: %w", err)
 	}
 	fail := func(err error) error {
-		w.frameW.Close()
 		_ = d.kill()
 		_, _ = d.waitEmpty(5 * time.Second)
 		if waitExit(w.pidfd, nil, time.Now().Add(5*time.Second)) {
@@ -338,19 +349,8 @@ func probe(l *layout, shimPath string, shimArgs []string) error {
 		}
 		return err
 	}
-	status := w.readStatus()
-	if err := d.attachV1(w.pid); err != nil {
-		return fail(err)
-	}
-	argv := append(append([]string{shimPath}, shimArgs...), probeWait)
-	w.send(frame{Argv: argv, Env: []string{}, Dir: "/", PPID: os.Getpid(), Members: d.memberships(), Limits: d.checks})
-	select {
-	case msg := <-status:
-		if msg != "" {
-			return fail(fmt.Errorf("probe shim refused: %s", msg))
-		}
-	case <-time.After(10 * time.Second):
-		return fail(errors.New("probe shim did not exec within 10s"))
+	if rejection != "" {
+		return fail(fmt.Errorf("probe refused: %s", rejection))
 	}
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", w.pid))
 	if err != nil {

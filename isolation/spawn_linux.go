@@ -1,10 +1,8 @@
 package isolation
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -18,32 +16,45 @@ import (
 )
 
 // The kernel sends PDEATHSIG when the thread that forked the child exits,
-// not the process. Every worker is therefore forked from one goroutine that
-// locks its thread and never returns, so the signal fires only when the
-// agent itself dies.
+// not the process, and only that thread may release a tracee it parked.
+// Every worker is therefore forked from one goroutine that locks its thread
+// and never returns, so the signal fires only when the agent itself dies.
+// The same thread carries no-new-privileges, which every child inherits; no
+// other goroutine ever runs on it, so the agent itself is unaffected.
 var (
 	spawnOnce sync.Once
 	spawnCh   chan func()
+	spawnErr  error
 )
 
-func onSpawner(fn func()) {
+func onSpawner(fn func()) error {
 	spawnOnce.Do(func() {
 		spawnCh = make(chan func())
-		go spawnLoop(spawnCh)
+		ready := make(chan struct{})
+		go spawnLoop(spawnCh, ready)
+		<-ready
 	})
+	if spawnErr != nil {
+		return spawnErr
+	}
 	done := make(chan struct{})
 	spawnCh <- func() { fn(); close(done) }
 	<-done
+	return nil
 }
 
-func spawnLoop(ch chan func()) {
+func spawnLoop(ch chan func(), ready chan struct{}) {
 	runtime.LockOSThread()
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		spawnErr = fmt.Errorf("no_new_privs on the spawner thread: %w", err)
+	}
+	close(ready)
 	for fn := range ch {
 		fn()
 	}
 }
 
-// registry holds the pids of live shims so the orphan reaper never reaps a
+// registry holds the pids of live workers so the orphan reaper never reaps a
 // worker whose status belongs to its own Run. The lock is held across the
 // fork for the same reason.
 var registry = struct {
@@ -51,22 +62,32 @@ var registry = struct {
 	pids map[int]bool
 }{pids: map[int]bool{}}
 
-// worker is a started shim.
+// worker is a started command.
 type worker struct {
-	proc    *os.Process
-	pid     int
-	pidfd   int
-	frameW  *os.File
-	statusR *os.File
+	proc  *os.Process
+	pid   int
+	pidfd int
 }
 
 var devNull = sync.OnceValues(func() (*os.File, error) { return os.OpenFile(os.DevNull, os.O_RDWR, 0) })
 
-// startShim forks the shim into the domain's v2 cgroup at birth.
-func startShim(d *domain, shimPath string, shimArgs []string, stdout, stderr *os.File) (*worker, error) {
+// startWorker forks the command into the domain's v2 cgroup at birth, with
+// PTRACE_TRACEME, so the kernel stops it right after its execve, before the
+// first instruction of the command. While it is parked there the agent
+// attaches it to the v1 limit cgroups (hybrid), sets RLIMIT_CORE to 0,
+// checks its membership from /proc and reads every limit back once more;
+// only then is it released. This replaces a shim process (a second Go
+// program started per job, whose runtime and package initialisation cost
+// tens of milliseconds) without giving up any of its checks.
+//
+// A non-empty rejection means the command never ran an instruction: the fork
+// or exec failed (the child, if any, was already reaped by os.StartProcess),
+// or a check failed and the parked child was killed; w is then nil or an
+// already killed worker the caller still reaps.
+func startWorker(d *domain, argv, env []string, dir string, stdout, stderr *os.File) (w *worker, rejection string, err error) {
 	null, err := devNull()
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	if stdout == nil {
 		stdout = null
@@ -74,67 +95,108 @@ func startShim(d *domain, shimPath string, shimArgs []string, stdout, stderr *os
 	if stderr == nil {
 		stderr = null
 	}
-	frameR, frameW, err := os.Pipe()
-	if err != nil {
-		return nil, err
+	if env == nil {
+		// A nil Env would make os.StartProcess pass the agent's own.
+		env = []string{}
 	}
-	statusR, statusW, err := os.Pipe()
-	if err != nil {
-		frameR.Close()
-		frameW.Close()
-		return nil, err
+	if dir == "" {
+		dir = "/"
 	}
-	defer frameR.Close()
-	defer statusW.Close()
 	pidfd := -1
 	attr := &os.ProcAttr{
-		Dir: "/",
-		// The shim's own runtime needs one thread and no collector, and must
-		// not spend its start looking up CPU quotas; none of this reaches the
-		// command, which gets exactly the frame's environment.
-		Env:   []string{"GOMAXPROCS=1", "GOGC=off", "GODEBUG=updatemaxprocs=0"},
-		Files: []*os.File{null, stdout, stderr, frameR, statusW},
+		Dir:   dir,
+		Env:   env,
+		Files: []*os.File{null, stdout, stderr},
 		Sys: &syscall.SysProcAttr{
 			UseCgroupFD: true,
 			CgroupFD:    d.dirFD,
 			PidFD:       &pidfd,
 			Pdeathsig:   syscall.SIGKILL,
 			Setsid:      true,
+			Ptrace:      true,
 		},
 	}
-	argv := append([]string{shimPath}, shimArgs...)
 	var proc *os.Process
+	var parkErr error
 	registry.Lock()
-	onSpawner(func() { proc, err = os.StartProcess(shimPath, argv, attr) })
-	if err == nil {
+	defer registry.Unlock()
+	serr := onSpawner(func() {
+		// Descriptors someone opened without close-on-exec would otherwise
+		// reach the command; Go's own are close-on-exec already.
+		_ = unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
+		proc, err = os.StartProcess(argv[0], argv, attr)
+		if err != nil {
+			return
+		}
 		registry.pids[proc.Pid] = true
+		parkErr = park(d, proc.Pid, pidfd)
+		if parkErr != nil {
+			// Still stopped before its first instruction: kill it there.
+			_ = unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0)
+		}
+	})
+	if serr != nil {
+		return nil, "", serr
 	}
-	registry.Unlock()
 	if err != nil {
-		frameW.Close()
-		statusR.Close()
-		return nil, fmt.Errorf("start shim: %w", err)
+		return nil, fmt.Sprintf("exec: %v", err), nil
 	}
-	return &worker{proc: proc, pid: proc.Pid, pidfd: pidfd, frameW: frameW, statusR: statusR}, nil
+	w = &worker{proc: proc, pid: proc.Pid, pidfd: pidfd}
+	if parkErr != nil {
+		return w, parkErr.Error(), nil
+	}
+	return w, "", nil
 }
 
-func (w *worker) send(f frame) {
-	b, _ := json.Marshal(f)
-	// A dead shim makes this fail with EPIPE; the status pipe says the rest.
-	_, _ = w.frameW.Write(b)
-	w.frameW.Close()
-}
-
-// readStatus collects what the shim wrote before exec; it returns at EOF,
-// which is the exec or the shim's death.
-func (w *worker) readStatus() <-chan string {
-	ch := make(chan string, 1)
-	go func() {
-		b, _ := io.ReadAll(io.LimitReader(w.statusR, 1024))
-		w.statusR.Close()
-		ch <- string(b)
-	}()
-	return ch
+// park waits for the traced child's stop after execve, makes it a full
+// member of the domain, checks that it is one, and releases it. It runs on
+// the spawner thread, the tracer.
+func park(d *domain, pid, pidfd int) error {
+	var info unix.Siginfo
+	for {
+		err := unix.Waitid(unix.P_PIDFD, pidfd, &info, unix.WSTOPPED|unix.WEXITED|unix.WNOWAIT, nil)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, unix.EINTR) {
+			return fmt.Errorf("wait for the exec stop: %w", err)
+		}
+	}
+	const cldTrapped = 4
+	if info.Code != cldTrapped {
+		return fmt.Errorf("exec stop: the child ended (code %d) before it stopped", info.Code)
+	}
+	if err := d.attachV1(pid); err != nil {
+		return fmt.Errorf("attach: %w", err)
+	}
+	if err := unix.Prlimit(pid, unix.RLIMIT_CORE, &unix.Rlimit{}, nil); err != nil {
+		return fmt.Errorf("rlimit_core: %w", err)
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return fmt.Errorf("membership: %w", err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	for _, m := range d.memberships() {
+		if !hasMembership(lines, m) {
+			if m.Controller == "" {
+				return fmt.Errorf("membership: not in cgroup2 %s", m.Path)
+			}
+			return fmt.Errorf("membership: not in %s cgroup %s", m.Controller, m.Path)
+		}
+	}
+	for _, c := range d.checks {
+		got, err := os.ReadFile(c.Path)
+		if err != nil || strings.TrimSpace(string(got)) != c.Want {
+			return fmt.Errorf("limits: %s does not read %s", filepath.Base(c.Path), c.Want)
+		}
+	}
+	// Detaching with signal 0 drops the exec's SIGTRAP: the command starts
+	// as if never traced.
+	if err := unix.PtraceDetach(pid); err != nil {
+		return fmt.Errorf("release: %w", err)
+	}
+	return nil
 }
 
 // waitExit polls the pidfd until the worker exits (true), or until `until`

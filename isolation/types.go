@@ -8,8 +8,9 @@ import (
 	"time"
 )
 
-// ShimCommand is the argument that turns this binary into the shim: the
-// agent starts "<self> worker" and nothing else does.
+// ShimCommand is the argument that turns this binary into the preflight's
+// canary: the agent's preflight starts "<self> worker probe-wait" in its
+// probe domain and nothing else starts it. Commands are exec'd directly.
 const ShimCommand = "worker"
 
 // Mode names a cgroup layout.
@@ -31,15 +32,16 @@ var ErrUnverified = errors.New("isolation unverified")
 // ErrLocked means another live agent owns the cgroup root.
 var ErrLocked = errors.New("another agent holds the cgroup root")
 
-// Config says where domains live and how to start the shim.
+// Config says where domains live and which canary the preflight starts.
 type Config struct {
 	// Root is the cgroup2 directory under which domains are created; empty
 	// autodetects (DefaultRoot). On hybrid hosts the v1 memory and pids
 	// directories of the same relative path hold the limits.
 	Root string
-	// ShimPath is the binary started as the shim; default /proc/self/exe.
+	// ShimPath is the binary the preflight starts as its canary (with
+	// ShimArgs and "probe-wait"); default /proc/self/exe.
 	ShimPath string
-	// ShimArgs follow ShimPath in argv; default ["worker"].
+	// ShimArgs follow ShimPath in the canary's argv; default ["worker"].
 	ShimArgs []string
 	// Logger receives the sweep and preflight records; default discards.
 	Logger *slog.Logger
@@ -76,7 +78,7 @@ type Spec struct {
 	// Argv is the command; Argv[0] must be an absolute path.
 	Argv []string
 	// Env is the complete environment ("KEY=value"); nothing is inherited.
-	// It reaches the command through the shim's pipe, never through argv.
+	// It is the command's execve environment, never its argv.
 	Env []string
 	// Dir is the working directory; empty means "/".
 	Dir         string
@@ -91,15 +93,17 @@ type Spec struct {
 	ReapBound time.Duration
 	// Stdout and Stderr receive the command's output; nil means /dev/null.
 	Stdout, Stderr *os.File
-	// Started, if set, is called with the shim's pid once the frame is sent.
+	// Started, if set, is called with the worker's pid once it is released
+	// from its exec stop.
 	Started func(pid int)
 }
 
 // Result is what happened to the domain.
 type Result struct {
-	// Launched is false only when the command provably never ran: the shim
-	// reported a failure before exec, or the v1 attach failed before the
-	// frame was sent. Rejection then says why.
+	// Launched is false only when the command provably never ran: fork,
+	// chdir or exec failed, or a check at the exec stop (v1 attach,
+	// RLIMIT_CORE, membership, limits) failed and the worker was killed
+	// before its first instruction. Rejection then says why.
 	Launched  bool
 	Rejection string
 	// ExitCode is the worker's exit status; -1 when a signal ended it.
@@ -127,8 +131,8 @@ type Result struct {
 // reaped, the domain was seen empty, and the worker had not escaped it.
 func (r Result) ReapProof() bool { return r.Reaped && r.Empty && !r.Breach }
 
-// SetupError means the domain or the shim could not be set up: nothing was
-// started, or what was started never received the command.
+// SetupError means the domain or the spawner could not be set up: nothing
+// was started.
 type SetupError struct{ Err error }
 
 func (e *SetupError) Error() string { return "domain setup: " + e.Err.Error() }

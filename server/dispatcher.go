@@ -100,7 +100,9 @@ type DispatcherOptions struct {
 }
 
 // Dispatcher is the leader's loop: deadline sweep, epoch sweep, refresh
-// driver, dispatch, in that order every Config.Interval, plus retention.
+// driver, dispatch, in that order every Config.Interval, plus retention. A
+// read-model change that makes a dispatch possible (an admission, a freed
+// slot) starts a round at once instead of at the next tick.
 // One Dispatcher serves successive terms of leadership, never two at once.
 //
 // At most once rests on three things. markRunning commits the dispatch
@@ -222,16 +224,17 @@ func (d *Dispatcher) Run(ctx context.Context, l store.Leadership) error {
 	if err := d.takeOver(ctx, t); err != nil {
 		return d.endTerm(ctx, err)
 	}
+	changes, unsubscribe := d.subscribe()
+	defer unsubscribe()
 	tick := time.NewTicker(d.cfg.Interval)
 	defer tick.Stop()
 	for {
+		start := time.Now()
 		if err := d.round(ctx, t); err != nil {
 			return d.endTerm(ctx, err)
 		}
-		select {
-		case <-ctx.Done():
+		if !d.waitNext(ctx, tick.C, changes, time.Since(start)) {
 			return d.endTerm(ctx, nil)
-		case <-tick.C:
 		}
 	}
 }

@@ -80,7 +80,7 @@ func runAgent(ctx context.Context, args []string) error {
 	if len(errs) > 0 {
 		return errors.Join(errs...)
 	}
-	// Hygiene the shim cannot give the agent itself: descriptors leaked by
+	// Hygiene isolation cannot give the agent itself: descriptors leaked by
 	// whoever started us never reach a worker, a crash leaves no core with
 	// secrets in it, and same-uid workers cannot read our memory.
 	_ = unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC)

@@ -1,4 +1,4 @@
-// Command jobfence runs the server, the agent, the worker shim, a one-machine
+// Command jobfence runs the server, the agent, the isolation canary, a one-machine
 // dev setup and the host doctor. Flags may also be given as JOBFENCE_<FLAG>
 // environment variables (dashes become underscores, upper case).
 package main
@@ -31,7 +31,8 @@ func main() {
 	}
 	cmd, args := os.Args[1], os.Args[2:]
 	if cmd == "worker" {
-		// The shim never returns on success: it execs the job's command.
+		// The isolation preflight's canary: it blocks until the preflight
+		// kills its domain, so it takes none of the signal wiring below.
 		os.Exit(runWorker(args))
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -2,6 +2,6 @@ package main
 
 import "jobfence/isolation"
 
-// runWorker is the shim the agent starts inside a fresh domain; see
-// isolation.ShimMain. It returns only when the command was not exec'd.
+// runWorker is the canary the agent's isolation preflight starts inside its
+// probe domain; see isolation.ShimMain. Job commands never go through it.
 func runWorker(args []string) int { return isolation.ShimMain(args) }
