@@ -567,7 +567,13 @@ func (d *Dispatcher) dispatchOne(ctx context.Context, t *term, j *jobs.Job, a *c
 		return nil
 	}
 	deadline := d.now().Add(time.Duration(j.Spec.Limits.DeadlineSeconds) * time.Second)
-	_, err = d.store.MarkRunning(ctx, t.l, j.ID, j.Revision, store.MarkRunningInput{
+	// Once started, the commit runs to its answer even if the term ends
+	// meanwhile: the election compare decides whether it lands, and a
+	// commit that landed is then sent (below). Cut off by the term's end,
+	// the write could land unseen and leave its job to the tombstone.
+	mctx, mcancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.SendTimeout)
+	defer mcancel()
+	_, err = d.store.MarkRunning(mctx, t.l, j.ID, j.Revision, store.MarkRunningInput{
 		AgentID:      a.view.ID,
 		AgentEpoch:   epoch,
 		AgentAddress: a.view.Address,
@@ -596,8 +602,16 @@ func (d *Dispatcher) dispatchOne(ctx context.Context, t *term, j *jobs.Job, a *c
 	if d.afterMarkRunning != nil && d.afterMarkRunning(j.ID) {
 		return nil
 	}
-	fresh, err := d.store.Get(ctx, j.ID)
-	if err != nil || ctx.Err() != nil || fresh.State != jobs.Running || fresh.Dispatch == nil ||
+	// The dispatch is committed: it is sent even if the term ends now (a
+	// graceful stop, a lost session). Abandoned, it would leave a RUNNING job
+	// whose invocation nobody received, which the next leader can only settle
+	// as NOT_COMMITTED through the tombstone. Sending after the term is safe:
+	// the record was written under the election compare, and the agent
+	// refuses an invocation id it has tombstoned. The send stays bounded by
+	// SendTimeout, so a stopping leader resigns at most that much later.
+	sendCtx := context.WithoutCancel(ctx)
+	fresh, err := d.store.Get(sendCtx, j.ID)
+	if err != nil || fresh.State != jobs.Running || fresh.Dispatch == nil ||
 		fresh.Dispatch.InvocationID != inv || fresh.Dispatch.AgentEpoch != epoch {
 		// No send. The job is RUNNING under an identity nobody received, so
 		// the tombstone settles it (or the deadline does).
@@ -608,7 +622,7 @@ func (d *Dispatcher) dispatchOne(ctx context.Context, t *term, j *jobs.Job, a *c
 		}
 		return nil
 	}
-	sctx, cancel := context.WithTimeout(ctx, d.cfg.SendTimeout)
+	sctx, cancel := context.WithTimeout(sendCtx, d.cfg.SendTimeout)
 	err = d.agents.Dispatch(sctx, a.view.Address, AgentDispatch{Job: fresh, Credentials: creds, Secret: secret})
 	cancel()
 	var refusal *RefusalError

@@ -566,6 +566,64 @@ func TestCrashAfterMarkRunningIsSettledByTheNextLeader(t *testing.T) {
 	}
 }
 
+// cancelDuringMarkRunning ends the term while markRunning is on its way.
+type cancelDuringMarkRunning struct {
+	DispatchStore
+	endTerm func()
+}
+
+func (c cancelDuringMarkRunning) MarkRunning(ctx context.Context, l store.Leadership, id string, rev int64, in store.MarkRunningInput) (*jobs.Job, error) {
+	c.endTerm()
+	return c.DispatchStore.MarkRunning(ctx, l, id, rev, in)
+}
+
+// A term that ends while markRunning commits, or between the commit and the
+// send (a graceful stop, a lost session), still sends the dispatch it
+// committed, once: abandoning it would turn a job that could run into a
+// tombstoned NOT_COMMITTED.
+func TestTermEndingAfterMarkRunningStillSends(t *testing.T) {
+	for _, when := range []string{"during", "after"} {
+		t.Run(when, func(t *testing.T) { termEndingAroundMarkRunning(t, when) })
+	}
+}
+
+func termEndingAroundMarkRunning(t *testing.T, when string) {
+	h := newHarness(t, nil)
+	h.agent("a1", "e1", 1)
+	termCtx, endTerm := context.WithCancel(h.ctx)
+	if when == "during" {
+		d, err := NewDispatcher(DispatcherOptions{
+			Config: h.cfg, Store: cancelDuringMarkRunning{DispatchStore: h.st, endTerm: endTerm}, Agents: h.agents, Now: h.clock.Now,
+			Logger: slog.New(slog.NewJSONHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.d = d
+	} else {
+		h.d.afterMarkRunning = func(string) bool { endTerm(); return false }
+	}
+	j := h.admit("wh/stopping")
+	_ = h.d.round(termCtx, h.tm) // whatever the round says after its term ended
+	sent := h.agents.sent()
+	got := h.get(j.ID)
+	if len(sent) != 1 || got.State != jobs.Running || sent[0].Job.Dispatch == nil ||
+		sent[0].Job.Dispatch.InvocationID != got.Dispatch.InvocationID {
+		t.Fatalf("sends %d, state %s", len(sent), got.State)
+	}
+
+	// The next leader finds the invocation arrived and leaves it running.
+	h.agents.mu.Lock()
+	h.agents.onTombstone = func(string, string) (string, error) { return InvocationRunning, nil }
+	h.agents.mu.Unlock()
+	h.d = h.newDispatcher()
+	h.tm = h.newTerm()
+	h.round()
+	if got := h.get(j.ID); got.State != jobs.Running || len(h.agents.sent()) != 1 {
+		t.Fatalf("after the next leader's round: state %s, sends %d", got.State, len(h.agents.sent()))
+	}
+}
+
 // A new leader asks about inherited RUNNING jobs but leaves live ones alone:
 // a leader change alone never makes a job UNKNOWN or NOT_COMMITTED.
 func TestNewLeaderKeepsLiveInvocationsRunning(t *testing.T) {

@@ -602,6 +602,44 @@ func submit(base, target string) (string, error) {
 	return j.ID, nil
 }
 
+// describe is a job's outcome in one line (code, proof, detail and its
+// history's events), for an error that must say why a figure stopped.
+func describe(base, id string) string {
+	var j struct {
+		Result *struct {
+			Code   string `json:"code"`
+			Detail string `json:"detail"`
+		} `json:"result"`
+		Slot struct {
+			Proof string `json:"proof"`
+		} `json:"slot"`
+		History []struct {
+			Actor  string `json:"actor"`
+			Event  string `json:"event"`
+			Detail string `json:"detail"`
+		} `json:"history"`
+	}
+	var st int
+	// The replica's view may trail the watch that saw the state: give it
+	// a moment to show the terminal record.
+	_ = waitFor(3*time.Second, func() bool {
+		var body []byte
+		st, body = call("GET", base+"/v1/jobs/"+id, tokens["viewer"], nil)
+		return st == http.StatusOK && json.Unmarshal(body, &j) == nil && j.Result != nil
+	})
+	if st != http.StatusOK {
+		return fmt.Sprintf("(record not readable: %d)", st)
+	}
+	out := "proof " + j.Slot.Proof
+	if j.Result != nil {
+		out += ", result " + j.Result.Code + " " + j.Result.Detail
+	}
+	for _, h := range j.History {
+		out += fmt.Sprintf("; %s by %s %s", h.Event, h.Actor, h.Detail)
+	}
+	return out
+}
+
 func leaderID(base string) string {
 	var s struct {
 		Leader struct {
@@ -961,7 +999,8 @@ func (b *bench) failover(ctx context.Context, reps int) error {
 			}
 			out = append(out, at.Sub(t0))
 			if _, state, err := c.track.await(id, terminal, 30*time.Second); err != nil || state != "COMMITTED" {
-				return nil, fmt.Errorf("failover job %s ended %q: %v", id, state, err)
+				return nil, fmt.Errorf("failover job %s (%s, rep %d) ended %q: %v: %s\n--- %s (stopped leader):\n%s\n--- %s:\n%s\n--- agent:\n%s",
+					id, kind, i, state, err, describe(fp.base, id), leader, lp.lastLines(), follower, fp.lastLines(), c.agent.lastLines())
 			}
 			select {
 			case <-lp.done:
