@@ -329,12 +329,7 @@ func (s *Store) Run(ctx context.Context) error {
 				break
 			}
 			s.log.Warn("read_model_list_failed", "err", err.Error())
-			t := time.NewTimer(backoff)
-			select {
-			case <-ctx.Done():
-			case <-t.C:
-			}
-			t.Stop()
+			pause(ctx, backoff)
 			backoff = min(2*backoff, 2*time.Second)
 			continue
 		}

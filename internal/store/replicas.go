@@ -121,12 +121,7 @@ func (r *ReplicaRegistration) Run(ctx context.Context) error {
 				break
 			}
 			r.log.Warn("replica_register_failed", "replica_id", r.info.ID, "err", err.Error())
-			t := time.NewTimer(backoff)
-			select {
-			case <-ctx.Done():
-			case <-t.C:
-			}
-			t.Stop()
+			pause(ctx, backoff)
 			backoff = min(2*backoff, 5*time.Second)
 			continue
 		}

@@ -529,3 +529,14 @@ func newJobID() (string, error) {
 	}
 	return u.String(), nil
 }
+
+// pause waits d or until ctx ends, whichever comes first: the backoff of a
+// loop that retries until its context ends.
+func pause(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
